@@ -1,0 +1,314 @@
+//! RabbitMQ through lapin: a broker handle that (re)connects on demand and declares the
+//! topology, publishes with publisher confirms (a nack or an unroutable return is an error),
+//! and opens manual-ack consumers with a prefetch.
+
+pub mod messages;
+pub mod topology;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::Confirmation;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
+use tokio::sync::Mutex;
+
+pub use topology::{QueueType, Topology};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a broker operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("cannot reach RabbitMQ: {0}")]
+    Connect(String),
+    #[error("RabbitMQ did not answer in time")]
+    Timeout,
+    #[error("RabbitMQ refused the message (nack)")]
+    Nacked,
+    #[error("RabbitMQ returned the message as unroutable: {0}")]
+    Unroutable(String),
+    #[error("AMQP error: {0}")]
+    Amqp(#[from] lapin::Error),
+}
+
+/// A message to publish.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub exchange: String,
+    pub routing_key: String,
+    pub body: Vec<u8>,
+    pub headers: FieldTable,
+}
+
+#[derive(Clone)]
+struct Live {
+    connection: Arc<Connection>,
+    publisher: Channel,
+}
+
+impl Live {
+    fn healthy(&self) -> bool {
+        self.connection.status().connected() && self.publisher.status().connected()
+    }
+}
+
+/// A shared handle on the broker. Cloning is cheap; clones share one connection.
+#[derive(Clone)]
+pub struct Broker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: String,
+    name: String,
+    topology: Topology,
+    live: Mutex<Option<Live>>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("url", &crate::db::redact_url(&self.inner.url))
+            .field("prefix", &self.inner.topology.prefix())
+            .finish()
+    }
+}
+
+impl Broker {
+    /// A handle that connects on first use. `name` shows in the broker's connection list.
+    pub fn new(url: &str, topology: Topology, name: &str) -> Self {
+        Broker {
+            inner: Arc::new(Inner {
+                url: url.to_owned(),
+                name: name.to_owned(),
+                topology,
+                live: Mutex::new(None),
+            }),
+        }
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.inner.topology
+    }
+
+    /// The live connection, connecting and declaring the topology when there is none.
+    async fn live(&self) -> Result<Live, BrokerError> {
+        let mut guard = self.inner.live.lock().await;
+        if let Some(live) = guard.as_ref().filter(|live| live.healthy()) {
+            return Ok(live.clone());
+        }
+        *guard = None;
+        let properties = ConnectionProperties::default()
+            .with_connection_name(LongString::from(self.inner.name.as_str()));
+        let connection = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            Connection::connect(&self.inner.url, properties),
+        )
+        .await
+        .map_err(|_| BrokerError::Timeout)?
+        .map_err(|e| BrokerError::Connect(e.to_string()))?;
+        let publisher = connection.create_channel().await?;
+        self.inner.topology.declare(&publisher).await?;
+        publisher
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        tracing::info!(
+            broker = %crate::db::redact_url(&self.inner.url),
+            prefix = self.inner.topology.prefix(),
+            "connected to RabbitMQ and declared the topology"
+        );
+        let live = Live {
+            connection: Arc::new(connection),
+            publisher,
+        };
+        *guard = Some(live.clone());
+        Ok(live)
+    }
+
+    /// Forgets a connection that failed, so the next call reconnects.
+    async fn invalidate(&self, failed: &Live) {
+        let mut guard = self.inner.live.lock().await;
+        if guard
+            .as_ref()
+            .is_some_and(|live| Arc::ptr_eq(&live.connection, &failed.connection))
+        {
+            *guard = None;
+        }
+    }
+
+    /// Readiness: connects if needed and reports whether the broker is reachable.
+    pub async fn check(&self) -> Result<(), BrokerError> {
+        self.live().await.map(|_| ())
+    }
+
+    /// Publishes one message and waits for its confirm.
+    pub async fn publish(&self, message: Outgoing) -> Result<(), BrokerError> {
+        self.publish_all(std::slice::from_ref(&message)).await
+    }
+
+    /// Publishes messages pipelined on one channel, then waits for every confirm. Succeeds only
+    /// when the broker acked all of them and routed each to a queue.
+    pub async fn publish_all(&self, messages: &[Outgoing]) -> Result<(), BrokerError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let live = self.live().await?;
+        let result = Self::publish_on(&live.publisher, messages).await;
+        if result.is_err() && !live.healthy() {
+            self.invalidate(&live).await;
+        }
+        result
+    }
+
+    async fn publish_on(channel: &Channel, messages: &[Outgoing]) -> Result<(), BrokerError> {
+        let mut confirms = Vec::with_capacity(messages.len());
+        for message in messages {
+            let properties = BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_content_type(ShortString::from("application/json"))
+                .with_headers(message.headers.clone());
+            let confirm = channel
+                .basic_publish(
+                    ShortString::from(message.exchange.as_str()),
+                    ShortString::from(message.routing_key.as_str()),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    &message.body,
+                    properties,
+                )
+                .await?;
+            confirms.push(confirm);
+        }
+        let outcomes = tokio::time::timeout(CONFIRM_TIMEOUT, futures::future::join_all(confirms))
+            .await
+            .map_err(|_| BrokerError::Timeout)?;
+        for outcome in outcomes {
+            match outcome? {
+                Confirmation::Ack(None) => {}
+                Confirmation::Ack(Some(returned)) => {
+                    return Err(BrokerError::Unroutable(format!(
+                        "{} {}",
+                        returned.reply_code, returned.reply_text
+                    )))
+                }
+                Confirmation::Nack(_) | Confirmation::NotRequested => {
+                    return Err(BrokerError::Nacked)
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens a manual-ack consumer on its own channel with the given prefetch.
+    pub async fn consume(
+        &self,
+        queue: &str,
+        prefetch: u16,
+        tag: &str,
+    ) -> Result<Consumer, BrokerError> {
+        let live = self.live().await?;
+        let opened = async {
+            let channel = live.connection.create_channel().await?;
+            channel
+                .basic_qos(prefetch, BasicQosOptions::default())
+                .await?;
+            channel
+                .basic_consume(
+                    ShortString::from(queue),
+                    ShortString::from(tag),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+        }
+        .await;
+        if opened.is_err() && !live.healthy() {
+            self.invalidate(&live).await;
+        }
+        Ok(opened?)
+    }
+
+    /// A fresh channel on the live connection (for tests and tools).
+    pub async fn channel(&self) -> Result<Channel, BrokerError> {
+        let live = self.live().await?;
+        Ok(live.connection.create_channel().await?)
+    }
+
+    /// Closes the connection, if any.
+    pub async fn close(&self) {
+        if let Some(live) = self.inner.live.lock().await.take() {
+            let _ = live.connection.close(200, ShortString::from("bye")).await;
+        }
+    }
+}
+
+/// A string header.
+pub fn string_header(value: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(value))
+}
+
+/// Reads a header as text, whatever string type it was sent as.
+pub fn header_str(properties: &BasicProperties, name: &str) -> Option<String> {
+    match properties.headers().as_ref()?.inner().get(name)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+/// Reads a header as an integer, whatever integer type it was sent as.
+pub fn header_int(properties: &BasicProperties, name: &str) -> Option<i64> {
+    match properties.headers().as_ref()?.inner().get(name)? {
+        AMQPValue::ShortShortInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortShortUInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortUInt(v) => Some(i64::from(*v)),
+        AMQPValue::LongInt(v) => Some(i64::from(*v)),
+        AMQPValue::LongUInt(v) => Some(i64::from(*v)),
+        AMQPValue::LongLongInt(v) => Some(*v),
+        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).parse().ok(),
+        _ => None,
+    }
+}
+
+/// Converts a JSON object of strings and integers (as stored in the outbox) to AMQP headers.
+pub fn headers_from_json(value: &serde_json::Value) -> FieldTable {
+    let mut table = FieldTable::default();
+    if let Some(object) = value.as_object() {
+        for (key, value) in object {
+            let converted = match value {
+                serde_json::Value::String(s) => string_header(s),
+                serde_json::Value::Number(n) => match n.as_i64() {
+                    Some(i) => AMQPValue::LongLongInt(i),
+                    None => continue,
+                },
+                serde_json::Value::Bool(b) => AMQPValue::Boolean(*b),
+                _ => continue,
+            };
+            table.insert(ShortString::from(key.as_str()), converted);
+        }
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_convert_from_json_and_read_back() {
+        let table = headers_from_json(&serde_json::json!({"a": "x", "n": 3, "skip": [1]}));
+        let properties = BasicProperties::default().with_headers(table);
+        assert_eq!(header_str(&properties, "a").as_deref(), Some("x"));
+        assert_eq!(header_int(&properties, "n"), Some(3));
+        assert_eq!(header_str(&properties, "skip"), None);
+        assert_eq!(header_int(&properties, "missing"), None);
+    }
+}

@@ -1,0 +1,185 @@
+//! Settings every service reads (DESIGN §4), parsed once at start by clap from flags with
+//! environment fallbacks:
+//!
+//! | variable | default |
+//! |---|---|
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/tocsin` |
+//! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` |
+//! | `TOCSIN_AMQP_PREFIX` | `tocsin` |
+//! | `TOCSIN_AMQP_QUEUE_TYPE` | `quorum` |
+//! | `TOCSIN_RETRY_DELAYS` | `0s,1m,5m,30m,2h` |
+//! | `TOCSIN_DB_POOL_SIZE` | `16` |
+//! | `TOCSIN_SHUTDOWN_TIMEOUT` | `20s` |
+//! | `TOCSIN_LOG_FORMAT` | `text` |
+//! | `RUST_LOG` | `info` |
+
+use std::time::Duration;
+
+use crate::amqp::{Broker, QueueType, Topology};
+use crate::db::DbPool;
+use crate::retry::{parse_duration, RetrySchedule};
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/tocsin";
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The settings shared by ingest, dispatcher and admin.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CommonConfig {
+    /// PostgreSQL connection URL.
+    #[arg(long, env = "DATABASE_URL", value_name = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, hide_env_values = true)]
+    pub database_url: String,
+
+    /// RabbitMQ connection URL.
+    #[arg(long, env = "AMQP_URL", value_name = "AMQP_URL", default_value = DEFAULT_AMQP_URL, hide_env_values = true)]
+    pub amqp_url: String,
+
+    /// Every exchange and queue name starts with this prefix.
+    #[arg(long, env = "TOCSIN_AMQP_PREFIX", value_name = "TOCSIN_AMQP_PREFIX", default_value = "tocsin", value_parser = parse_prefix)]
+    pub amqp_prefix: String,
+
+    /// Queue type of the declared queues.
+    #[arg(
+        long,
+        env = "TOCSIN_AMQP_QUEUE_TYPE",
+        value_name = "TOCSIN_AMQP_QUEUE_TYPE",
+        value_enum,
+        default_value = "quorum"
+    )]
+    pub amqp_queue_type: QueueType,
+
+    /// Delays before each automatic attempt; the default is exactly SPEC §8.
+    #[arg(long, env = "TOCSIN_RETRY_DELAYS", value_name = "TOCSIN_RETRY_DELAYS", default_value = RetrySchedule::DEFAULT_TEXT)]
+    pub retry_delays: RetrySchedule,
+
+    /// Most PostgreSQL connections this process opens.
+    #[arg(long, env = "TOCSIN_DB_POOL_SIZE", value_name = "TOCSIN_DB_POOL_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub db_pool_size: u16,
+
+    /// How long a stop may take to finish in-flight work before it is returned.
+    #[arg(long, env = "TOCSIN_SHUTDOWN_TIMEOUT", value_name = "TOCSIN_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = parse_duration_arg)]
+    pub shutdown_timeout: Duration,
+
+    /// `text` or `json`.
+    #[arg(
+        long,
+        env = "TOCSIN_LOG_FORMAT",
+        value_name = "TOCSIN_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}
+
+impl CommonConfig {
+    /// Defaults for the given database and prefix (tests and tools).
+    pub fn new(database_url: &str, amqp_url: &str, amqp_prefix: &str) -> Self {
+        CommonConfig {
+            database_url: database_url.to_owned(),
+            amqp_url: amqp_url.to_owned(),
+            amqp_prefix: amqp_prefix.to_owned(),
+            amqp_queue_type: QueueType::Quorum,
+            retry_delays: RetrySchedule::default(),
+            db_pool_size: 16,
+            shutdown_timeout: Duration::from_secs(20),
+            log_format: LogFormat::Text,
+        }
+    }
+
+    pub fn topology(&self) -> Topology {
+        Topology::new(&self.amqp_prefix, &self.retry_delays, self.amqp_queue_type)
+    }
+
+    /// A broker handle named after the service.
+    pub fn broker(&self, service: &str) -> Broker {
+        Broker::new(
+            &self.amqp_url,
+            self.topology(),
+            &format!("tocsin-{service}"),
+        )
+    }
+
+    pub fn pool(&self) -> anyhow::Result<DbPool> {
+        crate::db::pool(&self.database_url, usize::from(self.db_pool_size))
+    }
+
+    /// Warns loudly when the retry schedule is not the specification's.
+    pub fn warn_if_schedule_shortened(&self) {
+        if !self.retry_delays.is_specification() {
+            tracing::warn!(
+                schedule = %self.retry_delays,
+                specification = RetrySchedule::DEFAULT_TEXT,
+                "TOCSIN_RETRY_DELAYS departs from the specification's retry schedule; use this only for tests and demos"
+            );
+        }
+    }
+}
+
+fn parse_prefix(text: &str) -> Result<String, String> {
+    let ok = !text.is_empty()
+        && text.len() <= 100
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    ok.then(|| text.to_owned())
+        .ok_or_else(|| "use 1 to 100 letters, digits, '-', '_' or '.'".to_owned())
+}
+
+/// Parses `500ms`, `30s`, `5m`, `2h` for clap.
+pub fn parse_duration_arg(text: &str) -> Result<Duration, String> {
+    parse_duration(text).map_err(|e| e.to_string())
+}
+
+/// Installs the tracing subscriber (`RUST_LOG`, default `info`). Safe to call more than once.
+pub fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        common: CommonConfig,
+    }
+
+    #[test]
+    fn defaults_match_the_interface_contract() {
+        let cli = Cli::try_parse_from(["test"]).unwrap();
+        let c = cli.common;
+        assert_eq!(c.database_url, DEFAULT_DATABASE_URL);
+        assert_eq!(c.amqp_url, DEFAULT_AMQP_URL);
+        assert_eq!(c.amqp_prefix, "tocsin");
+        assert!(c.retry_delays.is_specification());
+        assert_eq!(c.log_format, LogFormat::Text);
+    }
+
+    #[test]
+    fn invalid_settings_name_the_variable() {
+        let error = Cli::try_parse_from(["test", "--retry-delays", "5s"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("TOCSIN_RETRY_DELAYS"), "{error}");
+        let error = Cli::try_parse_from(["test", "--amqp-prefix", "a b"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("TOCSIN_AMQP_PREFIX"), "{error}");
+    }
+}

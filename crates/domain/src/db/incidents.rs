@@ -1,0 +1,349 @@
+//! Incidents: applying alert signals and status changes, each in one transaction with the
+//! events it emits (transactional outbox), and reading them back.
+
+use diesel::prelude::*;
+use diesel::upsert::DecoratableTarget;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use serde::Serialize;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::outbox::{self, NewEvent};
+use super::schema::incidents;
+use super::{Cursor, DbError, Page};
+use crate::alerts::{AlertAction, AlertSignal};
+use crate::{EventKind, EventPayload, IncidentData, IncidentStatus, Severity, TransitionError};
+
+#[derive(Debug, Clone, Queryable, Selectable)]
+#[diesel(table_name = incidents)]
+struct IncidentRow {
+    id: Uuid,
+    dedup_key: String,
+    title: String,
+    severity: String,
+    status: String,
+    source: Option<String>,
+    description: Option<String>,
+    created_at: OffsetDateTime,
+    updated_at: OffsetDateTime,
+    resolved_at: Option<OffsetDateTime>,
+}
+
+/// An incident as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Incident {
+    pub id: Uuid,
+    pub dedup_key: String,
+    pub title: String,
+    pub severity: Severity,
+    pub status: IncidentStatus,
+    pub source: Option<String>,
+    pub description: Option<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub resolved_at: Option<OffsetDateTime>,
+}
+
+impl TryFrom<IncidentRow> for Incident {
+    type Error = DbError;
+    fn try_from(row: IncidentRow) -> Result<Self, DbError> {
+        let corrupt = |what: &str| DbError::Corrupt(format!("incident {}: bad {what}", row.id));
+        Ok(Incident {
+            severity: row.severity.parse().map_err(|_| corrupt("severity"))?,
+            status: row.status.parse().map_err(|_| corrupt("status"))?,
+            id: row.id,
+            dedup_key: row.dedup_key,
+            title: row.title,
+            source: row.source,
+            description: row.description,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            resolved_at: row.resolved_at,
+        })
+    }
+}
+
+impl Incident {
+    fn data(&self, previous_status: Option<IncidentStatus>) -> IncidentData {
+        IncidentData {
+            id: self.id,
+            title: self.title.clone(),
+            severity: self.severity,
+            status: self.status,
+            previous_status,
+        }
+    }
+}
+
+/// What a signal or a status change did to its incident.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "change", rename_all = "snake_case")]
+pub enum Change {
+    /// A new incident was opened.
+    Opened,
+    /// The open incident's status moved.
+    StatusChanged { from: IncidentStatus },
+    /// The incident was already in the asked-for state: nothing changed, nothing emitted.
+    Unchanged,
+    /// Acknowledge or resolve for a key with no open incident: accepted, nothing done.
+    NoOpenIncident,
+}
+
+/// The result of applying one alert signal.
+#[derive(Debug, Clone)]
+pub struct SignalOutcome {
+    pub dedup_key: String,
+    pub action: AlertAction,
+    pub change: Change,
+    pub incident: Option<Incident>,
+    pub events: Vec<NewEvent>,
+}
+
+/// The events of DESIGN §3 for a change of `incident` at `at`.
+pub fn events_for(incident: &Incident, change: Change, at: OffsetDateTime) -> Vec<NewEvent> {
+    let event = |kind: EventKind, previous: Option<IncidentStatus>| {
+        NewEvent::new(
+            &EventPayload {
+                event: kind,
+                timestamp: at,
+                data: incident.data(previous),
+            },
+            None,
+        )
+    };
+    match change {
+        Change::Opened => vec![event(EventKind::IncidentOpened, None)],
+        Change::StatusChanged { from } => {
+            let mut events = vec![event(EventKind::IncidentStatusChanged, Some(from))];
+            if incident.status == IncidentStatus::Resolved {
+                events.push(event(EventKind::IncidentResolved, None));
+            }
+            events
+        }
+        Change::Unchanged | Change::NoOpenIncident => Vec::new(),
+    }
+}
+
+/// Applies the signals of one alert body in one transaction, recording their events in the
+/// outbox. Concurrent signals for the same new key open one incident.
+pub async fn apply_signals(
+    conn: &mut AsyncPgConnection,
+    signals: &[AlertSignal],
+) -> Result<Vec<SignalOutcome>, DbError> {
+    conn.transaction::<_, DbError, _>(async |conn| {
+        let now = OffsetDateTime::now_utc();
+        let mut outcomes = Vec::with_capacity(signals.len());
+        for signal in signals {
+            outcomes.push(apply_one(conn, signal, now).await?);
+        }
+        let events: Vec<NewEvent> = outcomes.iter().flat_map(|o| o.events.clone()).collect();
+        outbox::record_events(conn, &events).await?;
+        Ok(outcomes)
+    })
+    .await
+}
+
+async fn open_incident_for_update(
+    conn: &mut AsyncPgConnection,
+    key: &str,
+) -> Result<Option<Incident>, DbError> {
+    incidents::table
+        .filter(incidents::dedup_key.eq(key))
+        .filter(incidents::status.ne(IncidentStatus::Resolved.as_str()))
+        .for_update()
+        .select(IncidentRow::as_select())
+        .first(conn)
+        .await
+        .optional()?
+        .map(Incident::try_from)
+        .transpose()
+}
+
+async fn apply_one(
+    conn: &mut AsyncPgConnection,
+    signal: &AlertSignal,
+    now: OffsetDateTime,
+) -> Result<SignalOutcome, DbError> {
+    let outcome = |change, incident: Option<Incident>| {
+        let events = incident
+            .as_ref()
+            .map(|i| events_for(i, change, now))
+            .unwrap_or_default();
+        SignalOutcome {
+            dedup_key: signal.dedup_key.clone(),
+            action: signal.action,
+            change,
+            incident,
+            events,
+        }
+    };
+    let existing = open_incident_for_update(conn, &signal.dedup_key).await?;
+    match (signal.action, existing) {
+        (AlertAction::Trigger, Some(open)) => Ok(outcome(Change::Unchanged, Some(open))),
+        (AlertAction::Trigger, None) => {
+            let inserted: Option<IncidentRow> = diesel::insert_into(incidents::table)
+                .values((
+                    incidents::id.eq(Uuid::now_v7()),
+                    incidents::dedup_key.eq(&signal.dedup_key),
+                    incidents::title.eq(signal.title.as_str()),
+                    incidents::severity.eq(signal.severity.as_str()),
+                    incidents::status.eq(IncidentStatus::Triggered.as_str()),
+                    incidents::source.eq(signal.source.as_deref()),
+                    incidents::description.eq(signal.description.as_deref()),
+                    incidents::created_at.eq(now),
+                    incidents::updated_at.eq(now),
+                ))
+                .on_conflict(incidents::dedup_key)
+                .filter_target(incidents::status.ne(IncidentStatus::Resolved.as_str()))
+                .do_nothing()
+                .returning(IncidentRow::as_returning())
+                .get_result(conn)
+                .await
+                .optional()?;
+            match inserted {
+                Some(row) => Ok(outcome(Change::Opened, Some(row.try_into()?))),
+                // Another transaction opened it between our look and our insert.
+                None => {
+                    let open = open_incident_for_update(conn, &signal.dedup_key).await?;
+                    Ok(outcome(Change::Unchanged, open))
+                }
+            }
+        }
+        (AlertAction::Acknowledge | AlertAction::Resolve, None) => {
+            Ok(outcome(Change::NoOpenIncident, None))
+        }
+        (AlertAction::Acknowledge, Some(open)) if open.status != IncidentStatus::Triggered => {
+            // Already acknowledged or further along: an acknowledge changes nothing.
+            Ok(outcome(Change::Unchanged, Some(open)))
+        }
+        (action, Some(open)) => {
+            let to = if action == AlertAction::Resolve {
+                IncidentStatus::Resolved
+            } else {
+                IncidentStatus::Acknowledged
+            };
+            let (incident, change) = set_status(conn, open, to, now).await?;
+            Ok(outcome(change, Some(incident)))
+        }
+    }
+}
+
+async fn set_status(
+    conn: &mut AsyncPgConnection,
+    current: Incident,
+    to: IncidentStatus,
+    now: OffsetDateTime,
+) -> Result<(Incident, Change), DbError> {
+    let from = current.status;
+    let resolved_at = (to == IncidentStatus::Resolved).then_some(now);
+    let row: IncidentRow = diesel::update(incidents::table.find(current.id))
+        .set((
+            incidents::status.eq(to.as_str()),
+            incidents::updated_at.eq(now),
+            incidents::resolved_at.eq(resolved_at),
+        ))
+        .returning(IncidentRow::as_returning())
+        .get_result(conn)
+        .await?;
+    Ok((row.try_into()?, Change::StatusChanged { from }))
+}
+
+/// Why an admin's status change was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusChangeError {
+    #[error("incident not found")]
+    NotFound,
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+impl From<diesel::result::Error> for StatusChangeError {
+    fn from(error: diesel::result::Error) -> Self {
+        StatusChangeError::Db(error.into())
+    }
+}
+
+/// Moves an incident to `to` (DESIGN §3 rules) and records its events, in one transaction.
+pub async fn change_status(
+    conn: &mut AsyncPgConnection,
+    id: Uuid,
+    to: IncidentStatus,
+) -> Result<(Incident, Vec<NewEvent>), StatusChangeError> {
+    conn.transaction::<_, StatusChangeError, _>(async |conn| {
+        let now = OffsetDateTime::now_utc();
+        let current: Incident = incidents::table
+            .find(id)
+            .for_update()
+            .select(IncidentRow::as_select())
+            .first(conn)
+            .await
+            .optional()?
+            .ok_or(StatusChangeError::NotFound)?
+            .try_into()?;
+        current.status.transition(to)?;
+        let (incident, change) = set_status(conn, current, to, now).await?;
+        let events = events_for(&incident, change, now);
+        outbox::record_events(conn, &events).await?;
+        Ok((incident, events))
+    })
+    .await
+}
+
+/// One incident.
+pub async fn get(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Incident, DbError> {
+    incidents::table
+        .find(id)
+        .select(IncidentRow::as_select())
+        .first(conn)
+        .await
+        .optional()?
+        .ok_or(DbError::NotFound)?
+        .try_into()
+}
+
+/// Filters of the incident list.
+#[derive(Debug, Clone, Default)]
+pub struct IncidentFilter {
+    pub status: Option<IncidentStatus>,
+    pub severity: Option<Severity>,
+}
+
+/// Incidents, newest first.
+pub async fn list(
+    conn: &mut AsyncPgConnection,
+    filter: &IncidentFilter,
+    page: &Page,
+) -> Result<(Vec<Incident>, Option<Cursor>), DbError> {
+    let mut query = incidents::table
+        .select(IncidentRow::as_select())
+        .order((incidents::created_at.desc(), incidents::id.desc()))
+        .limit(page.limit + 1)
+        .into_boxed();
+    if let Some(status) = filter.status {
+        query = query.filter(incidents::status.eq(status.as_str()));
+    }
+    if let Some(severity) = filter.severity {
+        query = query.filter(incidents::severity.eq(severity.as_str()));
+    }
+    if let Some(cursor) = &page.cursor {
+        query = query.filter(
+            incidents::created_at.lt(cursor.at).or(incidents::created_at
+                .eq(cursor.at)
+                .and(incidents::id.lt(cursor.id))),
+        );
+    }
+    let rows: Vec<IncidentRow> = query.load(conn).await?;
+    let items = rows
+        .into_iter()
+        .map(Incident::try_from)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(page.split(items, |i| Cursor {
+        at: i.created_at,
+        id: i.id,
+    }))
+}

@@ -1,0 +1,231 @@
+//! PostgreSQL: the pool, migrations, and one repository per table family. Handlers call these
+//! functions; no SQL lives outside this module.
+
+pub mod deliveries;
+pub mod incidents;
+pub mod outbox;
+pub mod schema;
+pub mod tokens;
+pub mod webhooks;
+
+use std::time::Duration;
+
+use anyhow::Context;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
+use diesel_async::pooled_connection::deadpool::{Object, Pool};
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+/// Every migration, compiled into the binaries.
+pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
+
+/// Key of the advisory lock held while migrating, so that services starting together migrate once.
+const MIGRATION_LOCK: i64 = 0x746f_6373_696e_0001;
+
+pub type DbPool = Pool<AsyncPgConnection>;
+pub type DbConn = Object<AsyncPgConnection>;
+
+/// Errors of the repositories: not found, a conflict the caller should explain, or storage.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("not found")]
+    NotFound,
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+    #[error("stored data is not valid: {0}")]
+    Corrupt(String),
+    #[error(transparent)]
+    Query(#[from] diesel::result::Error),
+}
+
+impl From<diesel_async::pooled_connection::deadpool::PoolError> for DbError {
+    fn from(error: diesel_async::pooled_connection::deadpool::PoolError) -> Self {
+        DbError::Unavailable(error.to_string())
+    }
+}
+
+impl DbError {
+    /// Whether the database could not be reached (as opposed to a query's own failure).
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            DbError::Unavailable(_) => true,
+            DbError::NotFound | DbError::Corrupt(_) => false,
+            DbError::Query(error) => matches!(
+                error,
+                diesel::result::Error::DatabaseError(
+                    diesel::result::DatabaseErrorKind::ClosedConnection
+                        | diesel::result::DatabaseErrorKind::UnableToSendCommand,
+                    _
+                ) | diesel::result::Error::BrokenTransactionManager
+            ),
+        }
+    }
+}
+
+/// A position in a newest-first list: the last item's creation time and id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor {
+    pub at: OffsetDateTime,
+    pub id: Uuid,
+}
+
+impl Cursor {
+    /// The opaque text handed to clients.
+    pub fn encode(&self) -> String {
+        URL_SAFE_NO_PAD.encode(format!("{}:{}", self.at.unix_timestamp_nanos(), self.id))
+    }
+
+    /// Reads a cursor given back by a client; `None` if it is not one of ours.
+    pub fn decode(text: &str) -> Option<Cursor> {
+        let raw = String::from_utf8(URL_SAFE_NO_PAD.decode(text).ok()?).ok()?;
+        let (nanos, id) = raw.split_once(':')?;
+        Some(Cursor {
+            at: OffsetDateTime::from_unix_timestamp_nanos(nanos.parse().ok()?).ok()?,
+            id: id.parse().ok()?,
+        })
+    }
+}
+
+/// A page request: how many items and where to continue.
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub limit: i64,
+    pub cursor: Option<Cursor>,
+}
+
+impl Page {
+    pub const DEFAULT_LIMIT: i64 = 50;
+    pub const MAX_LIMIT: i64 = 200;
+
+    /// Splits `limit + 1` fetched items into the page and the cursor of the next one.
+    pub fn split<T>(
+        &self,
+        mut items: Vec<T>,
+        cursor_of: impl Fn(&T) -> Cursor,
+    ) -> (Vec<T>, Option<Cursor>) {
+        let limit = usize::try_from(self.limit).unwrap_or(0);
+        if items.len() > limit {
+            items.truncate(limit);
+            let next = items.last().map(cursor_of);
+            (items, next)
+        } else {
+            (items, None)
+        }
+    }
+}
+
+/// Builds the pool. Connections are made lazily; a pool over an unreachable database is built
+/// all the same and fails on use, so services start and report not-ready instead of crashing.
+pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<DbPool> {
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(database_url);
+    Pool::builder(manager)
+        .max_size(max_size)
+        .wait_timeout(Some(Duration::from_secs(5)))
+        .create_timeout(Some(Duration::from_secs(5)))
+        .recycle_timeout(Some(Duration::from_secs(5)))
+        .runtime(deadpool::Runtime::Tokio1)
+        .build()
+        .context("building the PostgreSQL pool")
+}
+
+/// Applies pending migrations under an advisory lock; returns how many were applied.
+pub async fn migrate(database_url: &str) -> anyhow::Result<usize> {
+    let mut conn = AsyncPgConnection::establish(database_url)
+        .await
+        .with_context(|| format!("connecting to PostgreSQL at {}", redact_url(database_url)))?;
+    diesel::sql_query(format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"))
+        .execute(&mut conn)
+        .await
+        .context("taking the migration lock")?;
+    let mut wrapper: AsyncConnectionWrapper<AsyncPgConnection> = AsyncConnectionWrapper::from(conn);
+    let (wrapper, applied) = tokio::task::spawn_blocking(move || {
+        let applied = wrapper
+            .run_pending_migrations(MIGRATIONS)
+            .map(|versions| versions.len())
+            .map_err(|e| anyhow::anyhow!("applying migrations: {e}"));
+        (wrapper, applied)
+    })
+    .await
+    .context("the migration task panicked")?;
+    let mut conn: AsyncPgConnection = wrapper.into_inner();
+    diesel::sql_query(format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})"))
+        .execute(&mut conn)
+        .await
+        .context("releasing the migration lock")?;
+    applied
+}
+
+/// Checks that a connection can be had and answers, within `timeout`.
+pub async fn ping(pool: &DbPool, timeout: Duration) -> Result<(), DbError> {
+    let check = async {
+        let mut conn = pool.get().await?;
+        diesel::sql_query("SELECT 1").execute(&mut conn).await?;
+        Ok::<_, DbError>(())
+    };
+    tokio::time::timeout(timeout, check)
+        .await
+        .map_err(|_| DbError::Unavailable("timed out".into()))?
+}
+
+/// A URL with its password replaced, for logs and error messages.
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        Ok(parsed) => parsed.to_string(),
+        Err(_) => "<unparseable URL>".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_refuse_garbage() {
+        let cursor = Cursor {
+            at: OffsetDateTime::from_unix_timestamp_nanos(1_763_775_120_226_037_496).unwrap(),
+            id: Uuid::now_v7(),
+        };
+        assert_eq!(Cursor::decode(&cursor.encode()), Some(cursor));
+        assert_eq!(Cursor::decode("not-a-cursor"), None);
+        assert_eq!(Cursor::decode(""), None);
+    }
+
+    #[test]
+    fn pages_split_off_the_extra_item() {
+        let page = Page {
+            limit: 2,
+            cursor: None,
+        };
+        let c = |n: &i64| Cursor {
+            at: OffsetDateTime::UNIX_EPOCH,
+            id: Uuid::from_u128(*n as u128),
+        };
+        let (items, next) = page.split(vec![1, 2, 3], c);
+        assert_eq!(items, vec![1, 2]);
+        assert_eq!(next.unwrap().id, Uuid::from_u128(2));
+        let (items, next) = page.split(vec![1, 2], c);
+        assert_eq!(items, vec![1, 2]);
+        assert!(next.is_none());
+    }
+
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(
+            redact_url("amqp://guest:guest@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(
+            redact_url("postgres://postgres@127.0.0.1:5432/tocsin"),
+            "postgres://postgres@127.0.0.1:5432/tocsin"
+        );
+    }
+}

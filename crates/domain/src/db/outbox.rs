@@ -1,0 +1,194 @@
+//! The transactional outbox (DESIGN §2): events and manual retries are written here in the
+//! same transaction as the change that caused them; the relay publishes them to RabbitMQ.
+
+use diesel::prelude::*;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::schema::{events, outbox};
+use super::DbError;
+use crate::amqp::messages::{DeliveryMessage, EventMessage, Trigger};
+use crate::{EventKind, EventPayload};
+
+/// PostgreSQL channel notified when outbox rows are committed, so relays wake at once.
+pub const NOTIFY_CHANNEL: &str = "tocsin_outbox";
+
+/// Where the relay publishes a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topic {
+    /// To the event exchange, for fan-out.
+    Event,
+    /// To the delivery exchange, for one attempt.
+    Delivery,
+}
+
+impl Topic {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Topic::Event => "event",
+            Topic::Delivery => "delivery",
+        }
+    }
+}
+
+/// An event about to be recorded: its row, and the exact body targets will receive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEvent {
+    pub id: Uuid,
+    pub kind: EventKind,
+    pub incident_id: Uuid,
+    pub occurred_at: OffsetDateTime,
+    pub body: String,
+    /// For a test event: the one webhook that receives it.
+    pub test_webhook_id: Option<Uuid>,
+}
+
+impl NewEvent {
+    pub fn new(payload: &EventPayload, test_webhook_id: Option<Uuid>) -> Self {
+        NewEvent {
+            id: Uuid::now_v7(),
+            kind: payload.event,
+            incident_id: payload.data.id,
+            occurred_at: payload.timestamp,
+            body: payload.to_body(),
+            test_webhook_id,
+        }
+    }
+
+    fn message(&self) -> EventMessage {
+        EventMessage {
+            event_id: self.id,
+            event: self.kind,
+            incident_id: self.incident_id,
+            test_webhook_id: self.test_webhook_id,
+        }
+    }
+}
+
+/// Records events and their outbox rows; call inside the transaction of the change.
+pub async fn record_events(conn: &mut AsyncPgConnection, new: &[NewEvent]) -> Result<(), DbError> {
+    if new.is_empty() {
+        return Ok(());
+    }
+    let event_rows: Vec<_> = new
+        .iter()
+        .map(|e| {
+            (
+                events::id.eq(e.id),
+                events::kind.eq(e.kind.as_str()),
+                events::incident_id.eq(e.incident_id),
+                events::occurred_at.eq(e.occurred_at),
+                events::body.eq(&e.body),
+                events::test_webhook_id.eq(e.test_webhook_id),
+            )
+        })
+        .collect();
+    diesel::insert_into(events::table)
+        .values(&event_rows)
+        .execute(conn)
+        .await?;
+    let outbox_rows: Vec<_> = new
+        .iter()
+        .map(|e| {
+            (
+                outbox::topic.eq(Topic::Event.as_str()),
+                outbox::payload.eq(e.message().to_bytes()),
+            )
+        })
+        .collect();
+    diesel::insert_into(outbox::table)
+        .values(&outbox_rows)
+        .execute(conn)
+        .await?;
+    notify(conn).await
+}
+
+/// Records a request for one immediate attempt of a delivery (a manual retry).
+pub async fn enqueue_attempt(
+    conn: &mut AsyncPgConnection,
+    delivery_ids: &[Uuid],
+    trigger: Trigger,
+) -> Result<(), DbError> {
+    if delivery_ids.is_empty() {
+        return Ok(());
+    }
+    let headers = serde_json::json!({ crate::amqp::messages::TRIGGER_HEADER: trigger.as_str() });
+    let rows: Vec<_> = delivery_ids
+        .iter()
+        .map(|id| {
+            (
+                outbox::topic.eq(Topic::Delivery.as_str()),
+                outbox::headers.eq(headers.clone()),
+                outbox::payload.eq(DeliveryMessage { delivery_id: *id }.to_bytes()),
+            )
+        })
+        .collect();
+    diesel::insert_into(outbox::table)
+        .values(&rows)
+        .execute(conn)
+        .await?;
+    notify(conn).await
+}
+
+async fn notify(conn: &mut AsyncPgConnection) -> Result<(), DbError> {
+    // Delivered to listeners when the transaction commits, and only then.
+    diesel::sql_query(format!("NOTIFY {NOTIFY_CHANNEL}"))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// An outbox row waiting to be published.
+#[derive(Debug, Clone, Queryable)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub topic: String,
+    pub headers: serde_json::Value,
+    pub payload: Vec<u8>,
+}
+
+impl OutboxRow {
+    pub fn topic(&self) -> Option<Topic> {
+        match self.topic.as_str() {
+            "event" => Some(Topic::Event),
+            "delivery" => Some(Topic::Delivery),
+            _ => None,
+        }
+    }
+}
+
+/// Locks up to `limit` unpublished rows, oldest first, skipping rows another relay holds.
+/// Call inside a transaction; the locks last until it ends.
+pub async fn claim_unpublished(
+    conn: &mut AsyncPgConnection,
+    limit: i64,
+) -> Result<Vec<OutboxRow>, DbError> {
+    Ok(outbox::table
+        .filter(outbox::published_at.is_null())
+        .order(outbox::id)
+        .limit(limit)
+        .select((outbox::id, outbox::topic, outbox::headers, outbox::payload))
+        .for_update()
+        .skip_locked()
+        .load(conn)
+        .await?)
+}
+
+/// Marks rows as published.
+pub async fn mark_published(conn: &mut AsyncPgConnection, ids: &[i64]) -> Result<(), DbError> {
+    diesel::update(outbox::table.filter(outbox::id.eq_any(ids)))
+        .set(outbox::published_at.eq(OffsetDateTime::now_utc()))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// How many rows wait to be published.
+pub async fn backlog(conn: &mut AsyncPgConnection) -> Result<i64, DbError> {
+    Ok(outbox::table
+        .filter(outbox::published_at.is_null())
+        .count()
+        .get_result(conn)
+        .await?)
+}

@@ -1,0 +1,115 @@
+//! Diesel's view of the tables created by `migrations/`.
+
+diesel::table! {
+    incidents (id) {
+        id -> Uuid,
+        dedup_key -> Text,
+        title -> Text,
+        severity -> Text,
+        status -> Text,
+        source -> Nullable<Text>,
+        description -> Nullable<Text>,
+        created_at -> Timestamptz,
+        updated_at -> Timestamptz,
+        resolved_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
+    events (id) {
+        id -> Uuid,
+        kind -> Text,
+        incident_id -> Uuid,
+        occurred_at -> Timestamptz,
+        body -> Text,
+        test_webhook_id -> Nullable<Uuid>,
+    }
+}
+
+diesel::table! {
+    outbox (id) {
+        id -> Int8,
+        topic -> Text,
+        headers -> Jsonb,
+        payload -> Bytea,
+        created_at -> Timestamptz,
+        published_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
+    webhooks (id) {
+        id -> Uuid,
+        name -> Text,
+        url -> Text,
+        events -> Array<Text>,
+        max_attempts -> Int2,
+        timeout_ms -> Int4,
+        enabled -> Bool,
+        secret -> Text,
+        previous_secret -> Nullable<Text>,
+        previous_secret_expires_at -> Nullable<Timestamptz>,
+        created_at -> Timestamptz,
+        updated_at -> Timestamptz,
+        deleted_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
+    deliveries (id) {
+        id -> Uuid,
+        webhook_id -> Uuid,
+        event_id -> Uuid,
+        event -> Text,
+        incident_id -> Uuid,
+        state -> Text,
+        attempt_count -> Int4,
+        auto_attempts -> Int4,
+        next_attempt_at -> Nullable<Timestamptz>,
+        created_at -> Timestamptz,
+        updated_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    attempts (delivery_id, number) {
+        delivery_id -> Uuid,
+        number -> Int4,
+        trigger -> Text,
+        started_at -> Timestamptz,
+        success -> Bool,
+        status_code -> Nullable<Int4>,
+        duration_ms -> Int4,
+        error -> Nullable<Text>,
+        error_detail -> Nullable<Text>,
+        request_headers -> Jsonb,
+        response_body -> Nullable<Text>,
+        response_truncated -> Bool,
+    }
+}
+
+diesel::table! {
+    inbound_tokens (id) {
+        id -> Uuid,
+        name -> Text,
+        lookup -> Text,
+        token_hash -> Bytea,
+        created_at -> Timestamptz,
+        last_used_at -> Nullable<Timestamptz>,
+        revoked_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::joinable!(deliveries -> webhooks (webhook_id));
+diesel::joinable!(deliveries -> events (event_id));
+diesel::joinable!(attempts -> deliveries (delivery_id));
+
+diesel::allow_tables_to_appear_in_same_query!(
+    incidents,
+    events,
+    outbox,
+    webhooks,
+    deliveries,
+    attempts,
+    inbound_tokens,
+);

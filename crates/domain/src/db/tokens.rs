@@ -1,0 +1,122 @@
+//! Inbound access tokens: issued through admin, stored as hashes, revocable.
+
+use diesel::prelude::*;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use serde::Serialize;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::schema::inbound_tokens;
+use super::{Cursor, DbError, Page};
+use crate::AccessToken;
+
+/// A token's record; the token itself is never stored.
+#[derive(Debug, Clone, Serialize, Queryable, Selectable)]
+#[diesel(table_name = inbound_tokens)]
+pub struct InboundToken {
+    pub id: Uuid,
+    pub name: String,
+    /// The public part of the token (`tsn_<prefix>_…`), to tell tokens apart.
+    #[serde(rename = "prefix")]
+    pub lookup: String,
+    #[serde(skip)]
+    pub token_hash: Vec<u8>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub last_used_at: Option<OffsetDateTime>,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub revoked_at: Option<OffsetDateTime>,
+}
+
+/// Issues a token. The returned [`AccessToken`] is the only copy of it.
+pub async fn create(
+    conn: &mut AsyncPgConnection,
+    name: &str,
+) -> Result<(InboundToken, AccessToken), DbError> {
+    let token = AccessToken::generate();
+    let record = diesel::insert_into(inbound_tokens::table)
+        .values((
+            inbound_tokens::id.eq(Uuid::now_v7()),
+            inbound_tokens::name.eq(name),
+            inbound_tokens::lookup.eq(token.lookup()),
+            inbound_tokens::token_hash.eq(token.hash()),
+            inbound_tokens::created_at.eq(OffsetDateTime::now_utc()),
+        ))
+        .returning(InboundToken::as_returning())
+        .get_result(conn)
+        .await?;
+    Ok((record, token))
+}
+
+/// The id of the live token matching `presented`, compared in constant time; `None` for an
+/// unknown or revoked token.
+pub async fn authenticate(
+    conn: &mut AsyncPgConnection,
+    presented: &AccessToken,
+) -> Result<Option<Uuid>, DbError> {
+    let record: Option<InboundToken> = inbound_tokens::table
+        .filter(inbound_tokens::lookup.eq(presented.lookup()))
+        .filter(inbound_tokens::revoked_at.is_null())
+        .select(InboundToken::as_select())
+        .first(conn)
+        .await
+        .optional()?;
+    let Some(record) = record.filter(|r| presented.matches(&r.token_hash)) else {
+        return Ok(None);
+    };
+    let now = OffsetDateTime::now_utc();
+    // Written at most once a minute per token, to keep the hot path free of writes.
+    if record
+        .last_used_at
+        .is_none_or(|used| now - used > time::Duration::MINUTE)
+    {
+        diesel::update(inbound_tokens::table.find(record.id))
+            .set(inbound_tokens::last_used_at.eq(now))
+            .execute(conn)
+            .await?;
+    }
+    Ok(Some(record.id))
+}
+
+/// Tokens, newest first, revoked ones included.
+pub async fn list(
+    conn: &mut AsyncPgConnection,
+    page: &Page,
+) -> Result<(Vec<InboundToken>, Option<Cursor>), DbError> {
+    let mut query = inbound_tokens::table
+        .select(InboundToken::as_select())
+        .order((inbound_tokens::created_at.desc(), inbound_tokens::id.desc()))
+        .limit(page.limit + 1)
+        .into_boxed();
+    if let Some(cursor) = &page.cursor {
+        query = query.filter(
+            inbound_tokens::created_at
+                .lt(cursor.at)
+                .or(inbound_tokens::created_at
+                    .eq(cursor.at)
+                    .and(inbound_tokens::id.lt(cursor.id))),
+        );
+    }
+    let items = query.load(conn).await?;
+    Ok(page.split(items, |t: &InboundToken| Cursor {
+        at: t.created_at,
+        id: t.id,
+    }))
+}
+
+/// Revokes a token; the next request with it is refused.
+pub async fn revoke(conn: &mut AsyncPgConnection, id: Uuid) -> Result<(), DbError> {
+    let updated = diesel::update(
+        inbound_tokens::table
+            .find(id)
+            .filter(inbound_tokens::revoked_at.is_null()),
+    )
+    .set(inbound_tokens::revoked_at.eq(OffsetDateTime::now_utc()))
+    .execute(conn)
+    .await?;
+    if updated == 0 {
+        return Err(DbError::NotFound);
+    }
+    Ok(())
+}

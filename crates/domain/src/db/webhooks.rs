@@ -1,0 +1,336 @@
+//! Outbound webhooks: the configuration records of SPEC §2.1 with their signing secrets.
+
+use std::collections::BTreeSet;
+
+use diesel::prelude::*;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use serde::Serialize;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::schema::{deliveries, webhooks};
+use super::{Cursor, DbError, Page};
+use crate::{EventKind, RetrySettings, TargetUrl, WebhookName, WebhookSecret};
+
+#[derive(Debug, Clone, Queryable, Selectable)]
+#[diesel(table_name = webhooks)]
+struct WebhookRow {
+    id: Uuid,
+    name: String,
+    url: String,
+    events: Vec<String>,
+    max_attempts: i16,
+    timeout_ms: i32,
+    enabled: bool,
+    secret: String,
+    previous_secret: Option<String>,
+    previous_secret_expires_at: Option<OffsetDateTime>,
+    created_at: OffsetDateTime,
+    updated_at: OffsetDateTime,
+    deleted_at: Option<OffsetDateTime>,
+}
+
+/// A webhook as stored. Its secrets never serialise.
+#[derive(Debug, Clone, Serialize)]
+pub struct Webhook {
+    pub id: Uuid,
+    pub name: String,
+    pub url: String,
+    pub events: BTreeSet<EventKind>,
+    pub retry: RetrySettings,
+    pub enabled: bool,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+    #[serde(skip)]
+    pub deleted_at: Option<OffsetDateTime>,
+    #[serde(skip)]
+    pub secret: WebhookSecret,
+    #[serde(skip)]
+    pub previous_secret: Option<(WebhookSecret, OffsetDateTime)>,
+}
+
+impl Webhook {
+    /// The secrets that sign a delivery at `now`: the current one, then the previous one while
+    /// its grace period lasts.
+    pub fn signing_secrets(&self, now: OffsetDateTime) -> Vec<&WebhookSecret> {
+        let mut secrets = vec![&self.secret];
+        if let Some((previous, expires_at)) = &self.previous_secret {
+            if *expires_at > now {
+                secrets.push(previous);
+            }
+        }
+        secrets
+    }
+
+    pub fn is_deleted(&self) -> bool {
+        self.deleted_at.is_some()
+    }
+}
+
+impl TryFrom<WebhookRow> for Webhook {
+    type Error = DbError;
+    fn try_from(row: WebhookRow) -> Result<Self, DbError> {
+        let corrupt = |what: &str| DbError::Corrupt(format!("webhook {}: bad {what}", row.id));
+        let events = row
+            .events
+            .iter()
+            .map(|e| e.parse::<EventKind>())
+            .collect::<Result<BTreeSet<_>, _>>()
+            .map_err(|_| corrupt("events"))?;
+        let retry = RetrySettings::new(row.max_attempts.into(), row.timeout_ms.into())
+            .map_err(|_| corrupt("retry settings"))?;
+        let secret = WebhookSecret::parse(&row.secret).map_err(|_| corrupt("secret"))?;
+        let previous_secret = match (row.previous_secret, row.previous_secret_expires_at) {
+            (Some(text), Some(expires)) => Some((
+                WebhookSecret::parse(&text).map_err(|_| corrupt("previous secret"))?,
+                expires,
+            )),
+            _ => None,
+        };
+        Ok(Webhook {
+            id: row.id,
+            name: row.name,
+            url: row.url,
+            events,
+            retry,
+            enabled: row.enabled,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            deleted_at: row.deleted_at,
+            secret,
+            previous_secret,
+        })
+    }
+}
+
+/// A validated new webhook.
+#[derive(Debug, Clone)]
+pub struct NewWebhook {
+    pub name: WebhookName,
+    pub url: TargetUrl,
+    pub events: BTreeSet<EventKind>,
+    pub retry: RetrySettings,
+    pub enabled: bool,
+}
+
+fn event_texts(events: &BTreeSet<EventKind>) -> Vec<String> {
+    events.iter().map(|e| e.as_str().to_owned()).collect()
+}
+
+/// Creates a webhook with a new secret.
+pub async fn create(conn: &mut AsyncPgConnection, new: &NewWebhook) -> Result<Webhook, DbError> {
+    let now = OffsetDateTime::now_utc();
+    let secret = WebhookSecret::generate();
+    let row: WebhookRow = diesel::insert_into(webhooks::table)
+        .values((
+            webhooks::id.eq(Uuid::now_v7()),
+            webhooks::name.eq(new.name.as_str()),
+            webhooks::url.eq(new.url.as_str()),
+            webhooks::events.eq(event_texts(&new.events)),
+            webhooks::max_attempts.eq(i16::from(new.retry.max_attempts())),
+            webhooks::timeout_ms.eq(new.retry.timeout_ms() as i32),
+            webhooks::enabled.eq(new.enabled),
+            webhooks::secret.eq(secret.expose()),
+            webhooks::created_at.eq(now),
+            webhooks::updated_at.eq(now),
+        ))
+        .returning(WebhookRow::as_returning())
+        .get_result(conn)
+        .await?;
+    row.try_into()
+}
+
+/// A webhook, deleted or not.
+pub async fn get_any(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Webhook, DbError> {
+    webhooks::table
+        .find(id)
+        .select(WebhookRow::as_select())
+        .first(conn)
+        .await
+        .optional()?
+        .ok_or(DbError::NotFound)?
+        .try_into()
+}
+
+/// A webhook that has not been deleted.
+pub async fn get(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Webhook, DbError> {
+    let webhook = get_any(conn, id).await?;
+    if webhook.is_deleted() {
+        return Err(DbError::NotFound);
+    }
+    Ok(webhook)
+}
+
+/// Webhooks that have not been deleted, newest first.
+pub async fn list(
+    conn: &mut AsyncPgConnection,
+    page: &Page,
+) -> Result<(Vec<Webhook>, Option<Cursor>), DbError> {
+    let mut query = webhooks::table
+        .filter(webhooks::deleted_at.is_null())
+        .select(WebhookRow::as_select())
+        .order((webhooks::created_at.desc(), webhooks::id.desc()))
+        .limit(page.limit + 1)
+        .into_boxed();
+    if let Some(cursor) = &page.cursor {
+        query = query.filter(
+            webhooks::created_at.lt(cursor.at).or(webhooks::created_at
+                .eq(cursor.at)
+                .and(webhooks::id.lt(cursor.id))),
+        );
+    }
+    let rows: Vec<WebhookRow> = query.load(conn).await?;
+    let items = rows
+        .into_iter()
+        .map(Webhook::try_from)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(page.split(items, |w| Cursor {
+        at: w.created_at,
+        id: w.id,
+    }))
+}
+
+/// A validated partial change; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct WebhookChanges {
+    pub name: Option<WebhookName>,
+    pub url: Option<TargetUrl>,
+    pub events: Option<BTreeSet<EventKind>>,
+    pub retry: Option<RetrySettings>,
+    pub enabled: Option<bool>,
+}
+
+#[derive(AsChangeset)]
+#[diesel(table_name = webhooks)]
+struct WebhookChangeset {
+    name: Option<String>,
+    url: Option<String>,
+    events: Option<Vec<String>>,
+    max_attempts: Option<i16>,
+    timeout_ms: Option<i32>,
+    enabled: Option<bool>,
+    updated_at: OffsetDateTime,
+}
+
+/// Applies a change. Disabling a webhook stops its unfinished deliveries.
+pub async fn update(
+    conn: &mut AsyncPgConnection,
+    id: Uuid,
+    changes: &WebhookChanges,
+) -> Result<Webhook, DbError> {
+    conn.transaction::<_, DbError, _>(async |conn| {
+        let now = OffsetDateTime::now_utc();
+        let changeset = WebhookChangeset {
+            name: changes.name.as_ref().map(|n| n.as_str().to_owned()),
+            url: changes.url.as_ref().map(|u| u.as_str().to_owned()),
+            events: changes.events.as_ref().map(event_texts),
+            max_attempts: changes.retry.map(|r| i16::from(r.max_attempts())),
+            timeout_ms: changes.retry.map(|r| r.timeout_ms() as i32),
+            enabled: changes.enabled,
+            updated_at: now,
+        };
+        let row: WebhookRow = diesel::update(
+            webhooks::table
+                .find(id)
+                .filter(webhooks::deleted_at.is_null()),
+        )
+        .set(&changeset)
+        .returning(WebhookRow::as_returning())
+        .get_result(conn)
+        .await
+        .optional()?
+        .ok_or(DbError::NotFound)?;
+        if changes.enabled == Some(false) {
+            stop_unfinished(conn, id, now).await?;
+        }
+        row.try_into()
+    })
+    .await
+}
+
+/// Deletes a webhook: it receives nothing more and its unfinished deliveries stop, but the
+/// record stays so its delivery log can still be read.
+pub async fn delete(conn: &mut AsyncPgConnection, id: Uuid) -> Result<(), DbError> {
+    conn.transaction::<_, DbError, _>(async |conn| {
+        let now = OffsetDateTime::now_utc();
+        let updated = diesel::update(
+            webhooks::table
+                .find(id)
+                .filter(webhooks::deleted_at.is_null()),
+        )
+        .set((
+            webhooks::deleted_at.eq(now),
+            webhooks::enabled.eq(false),
+            webhooks::updated_at.eq(now),
+        ))
+        .execute(conn)
+        .await?;
+        if updated == 0 {
+            return Err(DbError::NotFound);
+        }
+        stop_unfinished(conn, id, now).await
+    })
+    .await
+}
+
+/// Marks a webhook's pending and retrying deliveries failed, so no further attempt is made.
+async fn stop_unfinished(
+    conn: &mut AsyncPgConnection,
+    webhook_id: Uuid,
+    now: OffsetDateTime,
+) -> Result<(), DbError> {
+    diesel::update(
+        deliveries::table
+            .filter(deliveries::webhook_id.eq(webhook_id))
+            .filter(deliveries::state.eq_any(["pending", "retrying"])),
+    )
+    .set((
+        deliveries::state.eq("failed"),
+        deliveries::next_attempt_at.eq(None::<OffsetDateTime>),
+        deliveries::updated_at.eq(now),
+    ))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Issues a new secret; the old one keeps signing for `grace`.
+pub async fn rotate_secret(
+    conn: &mut AsyncPgConnection,
+    id: Uuid,
+    grace: std::time::Duration,
+) -> Result<Webhook, DbError> {
+    conn.transaction::<_, DbError, _>(async |conn| {
+        let now = OffsetDateTime::now_utc();
+        let current = get(conn, id).await?;
+        let grace = time::Duration::try_from(grace).unwrap_or(time::Duration::DAY);
+        let row: WebhookRow = diesel::update(webhooks::table.find(id))
+            .set((
+                webhooks::secret.eq(WebhookSecret::generate().expose()),
+                webhooks::previous_secret.eq(Some(current.secret.expose())),
+                webhooks::previous_secret_expires_at.eq(Some(now + grace)),
+                webhooks::updated_at.eq(now),
+            ))
+            .returning(WebhookRow::as_returning())
+            .get_result(conn)
+            .await?;
+        row.try_into()
+    })
+    .await
+}
+
+/// Ids of the enabled, undeleted webhooks subscribed to `kind`.
+pub async fn subscribed_to(
+    conn: &mut AsyncPgConnection,
+    kind: EventKind,
+) -> Result<Vec<Uuid>, DbError> {
+    Ok(webhooks::table
+        .filter(webhooks::deleted_at.is_null())
+        .filter(webhooks::enabled.eq(true))
+        .filter(webhooks::events.contains(vec![kind.as_str().to_owned()]))
+        .select(webhooks::id)
+        .load(conn)
+        .await?)
+}

@@ -1,0 +1,26 @@
+//! Tocsin's domain: what ingest, dispatcher and admin share. Types that can only hold valid
+//! values, Standard Webhooks signing, the retry schedule, the inbound alert parsers, the
+//! PostgreSQL schema and repositories, the transactional outbox and its relay, and the RabbitMQ
+//! topology. It knows nothing of HTTP frameworks.
+
+pub mod alerts;
+pub mod amqp;
+pub mod config;
+pub mod db;
+mod event;
+mod incident;
+pub mod relay;
+pub mod retry;
+mod secret;
+mod severity;
+pub mod signing;
+mod token;
+mod webhook;
+
+pub use event::{rfc3339_utc, EventKind, EventPayload, IncidentData, InvalidEventKind};
+pub use incident::{IncidentStatus, IncidentTitle, InvalidStatus, InvalidTitle, TransitionError};
+pub use retry::RetrySchedule;
+pub use secret::{InvalidSecret, WebhookSecret};
+pub use severity::{InvalidSeverity, Severity};
+pub use token::{constant_time_eq, AccessToken};
+pub use webhook::{InvalidName, InvalidRetry, InvalidUrl, RetrySettings, TargetUrl, WebhookName};

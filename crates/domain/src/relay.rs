@@ -1,0 +1,220 @@
+//! The outbox relay (DESIGN §2): publishes committed outbox rows to RabbitMQ with publisher
+//! confirms and marks them published. It is woken as soon as a transaction commits (in process
+//! through [`OutboxRelay::waker`], across processes by PostgreSQL `NOTIFY`) and polls only as a
+//! fallback. Several relays may run at once: rows are claimed with `FOR UPDATE SKIP LOCKED`.
+//! While RabbitMQ is down the rows wait, and are published once it is back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use futures::StreamExt;
+use prometheus::{IntCounter, IntGauge, Registry};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::amqp::topology::{DELIVERY_ROUTING_KEY, EVENT_ROUTING_KEY};
+use crate::amqp::{headers_from_json, Broker, Outgoing};
+use crate::db::outbox::{self, OutboxRow, Topic, NOTIFY_CHANNEL};
+use crate::db::{DbError, DbPool};
+
+/// Rows published per transaction.
+const BATCH: i64 = 500;
+/// Longest pause between attempts while PostgreSQL or RabbitMQ is failing.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Relay counters, exported on `/metrics`.
+#[derive(Clone)]
+struct RelayMetrics {
+    published: IntCounter,
+    failures: IntCounter,
+    backlog: IntGauge,
+}
+
+impl RelayMetrics {
+    fn new(registry: &Registry) -> anyhow::Result<Self> {
+        let published = IntCounter::new(
+            "tocsin_outbox_published_total",
+            "Outbox rows published to RabbitMQ and confirmed.",
+        )?;
+        let failures = IntCounter::new(
+            "tocsin_outbox_publish_failures_total",
+            "Relay passes that failed (PostgreSQL or RabbitMQ unavailable); rows are retried.",
+        )?;
+        let backlog = IntGauge::new(
+            "tocsin_outbox_backlog",
+            "Outbox rows not yet published, as last counted by the relay.",
+        )?;
+        registry.register(Box::new(published.clone()))?;
+        registry.register(Box::new(failures.clone()))?;
+        registry.register(Box::new(backlog.clone()))?;
+        Ok(RelayMetrics {
+            published,
+            failures,
+            backlog,
+        })
+    }
+}
+
+/// Publishes the outbox.
+#[derive(Clone)]
+pub struct OutboxRelay {
+    pool: DbPool,
+    broker: Broker,
+    database_url: String,
+    wake: Arc<Notify>,
+    poll_interval: Duration,
+    metrics: RelayMetrics,
+}
+
+impl OutboxRelay {
+    pub fn new(
+        pool: DbPool,
+        broker: Broker,
+        database_url: &str,
+        poll_interval: Duration,
+        registry: &Registry,
+    ) -> anyhow::Result<Self> {
+        Ok(OutboxRelay {
+            pool,
+            broker,
+            database_url: database_url.to_owned(),
+            wake: Arc::new(Notify::new()),
+            poll_interval,
+            metrics: RelayMetrics::new(registry)?,
+        })
+    }
+
+    /// Notify this after committing outbox rows to publish them at once.
+    pub fn waker(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    /// Runs until `cancel` fires: listens for commits and publishes.
+    pub async fn run(self, cancel: CancellationToken) {
+        let listener = tokio::spawn(listen(
+            self.database_url.clone(),
+            self.wake.clone(),
+            cancel.clone(),
+        ));
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let pause = match self.drain().await {
+                Ok(_) => {
+                    backoff = Duration::from_millis(100);
+                    self.poll_interval
+                }
+                Err(error) => {
+                    self.metrics.failures.inc();
+                    tracing::warn!(error = %format!("{error:#}"), "outbox relay pass failed; will retry");
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    backoff
+                }
+            };
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+        // One last pass so that what was committed before the stop goes out now.
+        if let Err(error) = self.drain().await {
+            tracing::warn!(error = %format!("{error:#}"), "final outbox pass failed; rows stay for the next start");
+        }
+        let _ = listener.await;
+    }
+
+    /// Publishes every committed row; returns how many were published.
+    pub async fn drain(&self) -> anyhow::Result<usize> {
+        let mut total = 0;
+        loop {
+            let published = self.publish_batch().await?;
+            total += published;
+            if published < BATCH as usize {
+                break;
+            }
+        }
+        if total > 0 {
+            tracing::debug!(published = total, "outbox rows published");
+        }
+        Ok(total)
+    }
+
+    async fn publish_batch(&self) -> anyhow::Result<usize> {
+        let mut conn = self.pool.get().await.map_err(DbError::from)?;
+        let broker = &self.broker;
+        let published = conn
+            .transaction::<_, anyhow::Error, _>(async |conn| {
+                let rows = outbox::claim_unpublished(conn, BATCH).await?;
+                if rows.is_empty() {
+                    self.metrics.backlog.set(0);
+                    return Ok(0);
+                }
+                let messages: Vec<Outgoing> = rows.iter().map(|row| self.outgoing(row)).collect();
+                broker
+                    .publish_all(&messages)
+                    .await
+                    .context("publishing outbox rows")?;
+                let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
+                outbox::mark_published(conn, &ids).await?;
+                Ok(rows.len())
+            })
+            .await?;
+        self.metrics.published.inc_by(published as u64);
+        Ok(published)
+    }
+
+    fn outgoing(&self, row: &OutboxRow) -> Outgoing {
+        let topology = self.broker.topology();
+        let (exchange, routing_key) = match row.topic() {
+            Some(Topic::Delivery) => (topology.deliveries_exchange(), DELIVERY_ROUTING_KEY),
+            // The table's CHECK admits only the two topics.
+            Some(Topic::Event) | None => (topology.events_exchange(), EVENT_ROUTING_KEY),
+        };
+        Outgoing {
+            exchange,
+            routing_key: routing_key.to_owned(),
+            body: row.payload.clone(),
+            headers: headers_from_json(&row.headers),
+        }
+    }
+}
+
+/// Keeps a `LISTEN` connection open and turns notifications into wake-ups; reconnects when the
+/// connection drops.
+async fn listen(database_url: String, wake: Arc<Notify>, cancel: CancellationToken) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let session = async {
+            let mut conn = AsyncPgConnection::establish(&database_url)
+                .await
+                .context("connecting for LISTEN")?;
+            diesel::sql_query(format!("LISTEN {NOTIFY_CHANNEL}"))
+                .execute(&mut conn)
+                .await
+                .context("LISTEN")?;
+            // Rows committed while we were not listening.
+            wake.notify_one();
+            let mut notifications = std::pin::pin!(conn.notifications_stream());
+            while let Some(notification) = notifications.next().await {
+                notification.context("reading notifications")?;
+                wake.notify_one();
+            }
+            anyhow::Ok(())
+        };
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            result = session => {
+                if let Err(error) = result {
+                    tracing::debug!(error = %format!("{error:#}"), "outbox listener lost its connection");
+                }
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}

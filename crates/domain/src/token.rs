@@ -1,0 +1,120 @@
+//! Inbound access tokens (DESIGN §3): `tsn_<lookup>_<secret>`. Only the lookup part and a
+//! SHA-256 hash of the whole token are stored; the token is shown once, at creation.
+
+use std::fmt;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use ring::digest;
+use ring::rand::{SecureRandom, SystemRandom};
+use subtle::ConstantTimeEq;
+
+/// A token as presented by a client or just generated. `Debug` does not print it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AccessToken(String);
+
+impl AccessToken {
+    pub const PREFIX: &'static str = "tsn_";
+    const LOOKUP_BYTES: usize = 9;
+    const SECRET_BYTES: usize = 32;
+
+    /// A new random token.
+    pub fn generate() -> Self {
+        let rng = SystemRandom::new();
+        let mut lookup = [0u8; Self::LOOKUP_BYTES];
+        let mut secret = [0u8; Self::SECRET_BYTES];
+        rng.fill(&mut lookup).expect("system random source");
+        rng.fill(&mut secret).expect("system random source");
+        AccessToken(format!(
+            "{}{}_{}",
+            Self::PREFIX,
+            URL_SAFE_NO_PAD.encode(lookup),
+            URL_SAFE_NO_PAD.encode(secret)
+        ))
+    }
+
+    /// Wraps a presented token; `None` when it cannot be one of ours (then no lookup is made).
+    pub fn from_presented(text: &str) -> Option<Self> {
+        let rest = text.strip_prefix(Self::PREFIX)?;
+        let (lookup, secret) = rest.split_once('_')?;
+        let ok = lookup.len() == 12
+            && secret.len() == 43
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        ok.then(|| AccessToken(text.to_owned()))
+    }
+
+    /// The public part used to find the stored row.
+    pub fn lookup(&self) -> &str {
+        &self.0[Self::PREFIX.len()..Self::PREFIX.len() + 12]
+    }
+
+    /// SHA-256 of the whole token, as stored.
+    pub fn hash(&self) -> Vec<u8> {
+        digest::digest(&digest::SHA256, self.0.as_bytes())
+            .as_ref()
+            .to_vec()
+    }
+
+    /// Constant-time comparison of this token's hash with a stored hash.
+    pub fn matches(&self, stored_hash: &[u8]) -> bool {
+        self.hash().ct_eq(stored_hash).into()
+    }
+
+    /// The token's text, to show once at creation.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for AccessToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AccessToken(tsn_{}_…redacted)", self.lookup())
+    }
+}
+
+/// Constant-time equality of two secrets given as text (for the admin token).
+pub fn constant_time_eq(a: &str, b: &str) -> bool {
+    let a = digest::digest(&digest::SHA256, a.as_bytes());
+    let b = digest::digest(&digest::SHA256, b.as_bytes());
+    a.as_ref().ct_eq(b.as_ref()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_tokens_round_trip_and_match_only_their_hash() {
+        let token = AccessToken::generate();
+        let presented = AccessToken::from_presented(token.expose()).expect("well-formed");
+        assert_eq!(presented.lookup(), token.lookup());
+        assert!(presented.matches(&token.hash()));
+        assert!(!AccessToken::generate().matches(&token.hash()));
+        assert!(!format!("{token:?}").contains(&token.expose()[17..]));
+    }
+
+    #[test]
+    fn malformed_tokens_are_not_looked_up() {
+        for bad in [
+            "",
+            "tsn_",
+            "Bearer x",
+            "tsn_abc_def",
+            "xyz_aaaaaaaaaaaa_bbbb",
+        ] {
+            assert!(AccessToken::from_presented(bad).is_none(), "{bad:?}");
+        }
+        let good = AccessToken::generate();
+        let tampered = format!("{}!", &good.expose()[..good.expose().len() - 1]);
+        assert!(AccessToken::from_presented(&tampered).is_none());
+    }
+
+    #[test]
+    fn constant_time_eq_compares_text() {
+        assert!(constant_time_eq("admin-token", "admin-token"));
+        assert!(!constant_time_eq("admin-token", "admin-tokem"));
+        assert!(!constant_time_eq("admin-token", ""));
+    }
+}
