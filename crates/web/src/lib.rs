@@ -1,1 +1,15 @@
-pub fn placeholder() {}
+//! What Tocsin's HTTP services share over actix-web: the one JSON error shape, strict JSON body
+//! parsing that names the offending field, bearer tokens, `/healthz` `/readyz` `/metrics`, and
+//! a service runner that stops gracefully on SIGTERM.
+
+pub mod auth;
+pub mod error;
+pub mod health;
+pub mod json;
+pub mod metrics;
+pub mod service;
+
+pub use error::{ApiError, ErrorBody};
+pub use health::Readiness;
+pub use metrics::HttpMetrics;
+pub use service::{Background, Service};

@@ -7,10 +7,12 @@ mod generic;
 mod grafana;
 mod pagerduty;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
 use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::{IncidentTitle, Severity};
 
@@ -136,20 +138,564 @@ pub fn parse(body: &[u8], format: Option<AlertFormat>) -> Result<ParsedAlerts, A
     Ok(ParsedAlerts { format, signals })
 }
 
-/// Detects the format from the body's distinctive fields.
+/// Detects the format from the body's distinctive fields (docs/ingest.md, "Format detection"):
+/// `event_action` or `routing_key` → PagerDuty; an `alerts` field with `orgId`, `state` or
+/// `version` "1" → Grafana; any other body with `alerts` → Alertmanager; anything else → generic.
+/// A field whose value is `null` counts as absent.
 pub fn detect(value: &serde_json::Value) -> Result<AlertFormat, AlertError> {
     let Some(object) = value.as_object() else {
         return Err(AlertError::invalid("body", "must be a JSON object"));
     };
-    if object.contains_key("event_action") || object.contains_key("routing_key") {
-        Ok(AlertFormat::PagerDuty)
-    } else if object.contains_key("orgId")
-        || (object.contains_key("state") && object.contains_key("alerts"))
-    {
-        Ok(AlertFormat::Grafana)
-    } else if object.contains_key("alerts") && object.contains_key("groupKey") {
-        Ok(AlertFormat::Alertmanager)
+    let has = |name: &str| object.get(name).is_some_and(|value| !value.is_null());
+    let format = if has("event_action") || has("routing_key") {
+        AlertFormat::PagerDuty
+    } else if has("alerts") {
+        let grafana_version = object.get("version").and_then(Value::as_str) == Some("1");
+        if has("orgId") || has("state") || grafana_version {
+            AlertFormat::Grafana
+        } else {
+            AlertFormat::Alertmanager
+        }
     } else {
-        Ok(AlertFormat::Generic)
+        AlertFormat::Generic
+    };
+    Ok(format)
+}
+
+/// Longest dedup key kept as is; longer keys are replaced by a hash (see [`dedup_key`]).
+const MAX_DEDUP_KEY_BYTES: usize = 1024;
+/// Longest description kept; longer ones are cut.
+const MAX_DESCRIPTION_CHARS: usize = 10_000;
+/// Longest source kept; longer ones are cut.
+const MAX_SOURCE_CHARS: usize = 255;
+
+/// Builds the namespaced dedup key `<format>:<part>:<part>...`. A key over 1 024 bytes becomes
+/// `<format>:sha256:<hex SHA-256 of the full key>`: still stable for the same input, and short
+/// enough for the database index.
+fn dedup_key(format: AlertFormat, parts: &[&str]) -> String {
+    let mut key = String::from(format.as_str());
+    for part in parts {
+        key.push(':');
+        key.push_str(part);
+    }
+    if key.len() <= MAX_DEDUP_KEY_BYTES {
+        return key;
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+    let hex: String = digest
+        .as_ref()
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    format!("{format}:sha256:{hex}")
+}
+
+/// Makes an incident title from `raw`, which came from `field`. Control characters become
+/// spaces before trimming, so a title made only of them counts as empty (422 naming `field`);
+/// an over-long title is cut with an ellipsis rather than refused.
+fn title(raw: &str, field: &str) -> Result<IncidentTitle, AlertError> {
+    let cleaned: String = raw
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    IncidentTitle::truncating(&cleaned)
+        .map_err(|error| AlertError::invalid(field, error.to_string()))
+}
+
+/// Cuts `text` to at most `max` characters, marking a cut with a trailing ellipsis.
+fn truncate_chars(text: &str, max: usize) -> String {
+    if text.chars().nth(max).is_none() {
+        return text.to_owned();
+    }
+    let mut cut: String = text.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+/// A description: trimmed, `None` when empty, cut to 10 000 characters.
+fn description(text: Option<&str>) -> Option<String> {
+    let text = text?.trim();
+    (!text.is_empty()).then(|| truncate_chars(text, MAX_DESCRIPTION_CHARS))
+}
+
+/// A source: trimmed, `None` when empty, cut to 255 characters.
+fn source(text: Option<&str>) -> Option<String> {
+    let text = text?.trim();
+    (!text.is_empty()).then(|| truncate_chars(text, MAX_SOURCE_CHARS))
+}
+
+/// A JSON object being read field by field, with its path for error messages
+/// (`alerts[0].labels`). `null` counts as absent everywhere, as Go senders write nil maps and
+/// slices as `null`.
+#[derive(Debug, Clone)]
+struct Object<'a> {
+    map: &'a Map<String, Value>,
+    path: String,
+}
+
+impl<'a> Object<'a> {
+    /// The request body, which must be an object (422 naming `body` otherwise).
+    fn body(value: &'a Value) -> Result<Self, AlertError> {
+        match value {
+            Value::Object(map) => Ok(Object {
+                map,
+                path: String::new(),
+            }),
+            _ => Err(AlertError::invalid("body", "must be a JSON object")),
+        }
+    }
+
+    /// `value` as an object found at `path`.
+    fn at(value: &'a Value, path: String) -> Result<Self, AlertError> {
+        match value {
+            Value::Object(map) => Ok(Object { map, path }),
+            _ => Err(AlertError::invalid(path, "must be an object")),
+        }
+    }
+
+    /// The path of a field of this object.
+    fn path_of(&self, name: &str) -> String {
+        if self.path.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}.{name}", self.path)
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<&'a Value> {
+        self.map.get(name).filter(|value| !value.is_null())
+    }
+
+    /// A string field as sent, or `None` when absent.
+    fn string(&self, name: &str) -> Result<Option<&'a str>, AlertError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(text)) => Ok(Some(text)),
+            Some(_) => Err(AlertError::invalid(self.path_of(name), "must be a string")),
+        }
+    }
+
+    /// A string field, trimmed; `None` when absent or blank.
+    fn text(&self, name: &str) -> Result<Option<&'a str>, AlertError> {
+        Ok(self
+            .string(name)?
+            .map(str::trim)
+            .filter(|text| !text.is_empty()))
+    }
+
+    /// A string field that must be present and not blank, trimmed.
+    fn required_text(&self, name: &str) -> Result<&'a str, AlertError> {
+        match self.string(name)? {
+            None => Err(AlertError::invalid(self.path_of(name), "is required")),
+            Some(text) if text.trim().is_empty() => {
+                Err(AlertError::invalid(self.path_of(name), "must not be empty"))
+            }
+            Some(text) => Ok(text.trim()),
+        }
+    }
+
+    /// An object field, or `None` when absent.
+    fn object(&self, name: &str) -> Result<Option<Object<'a>>, AlertError> {
+        self.get(name)
+            .map(|value| Object::at(value, self.path_of(name)))
+            .transpose()
+    }
+
+    /// An array field, or `None` when absent.
+    fn array(&self, name: &str) -> Result<Option<&'a [Value]>, AlertError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Array(items)) => Ok(Some(items)),
+            Some(_) => Err(AlertError::invalid(self.path_of(name), "must be an array")),
+        }
+    }
+
+    /// An object of string values (labels, annotations), sorted by key; empty when absent.
+    /// A value that is not a string is refused naming `<path>.<key>`.
+    fn string_map(&self, name: &str) -> Result<BTreeMap<&'a str, &'a str>, AlertError> {
+        let Some(object) = self.object(name)? else {
+            return Ok(BTreeMap::new());
+        };
+        object
+            .map
+            .iter()
+            .map(|(key, value)| match value {
+                Value::String(text) => Ok((key.as_str(), text.as_str())),
+                _ => Err(AlertError::invalid(object.path_of(key), "must be a string")),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::*;
+
+    /// Every sample body, with the format detection must pick for it.
+    const FIXTURES: [(&str, AlertFormat); 9] = [
+        (
+            include_str!("../../tests/fixtures/alerts/alertmanager-0.25-firing.json"),
+            AlertFormat::Alertmanager,
+        ),
+        (
+            include_str!("../../tests/fixtures/alerts/alertmanager-0.25-resolved.json"),
+            AlertFormat::Alertmanager,
+        ),
+        (
+            include_str!("../../tests/fixtures/alerts/grafana-firing.json"),
+            AlertFormat::Grafana,
+        ),
+        (
+            include_str!("../../tests/fixtures/alerts/grafana-resolved.json"),
+            AlertFormat::Grafana,
+        ),
+        (
+            include_str!("../../tests/fixtures/alerts/pagerduty-trigger.json"),
+            AlertFormat::PagerDuty,
+        ),
+        (
+            include_str!("../../tests/fixtures/alerts/pagerduty-acknowledge.json"),
+            AlertFormat::PagerDuty,
+        ),
+        (
+            include_str!("../../tests/fixtures/alerts/pagerduty-resolve.json"),
+            AlertFormat::PagerDuty,
+        ),
+        (
+            include_str!("../../tests/fixtures/alerts/generic-firing.json"),
+            AlertFormat::Generic,
+        ),
+        (
+            include_str!("../../tests/fixtures/alerts/generic-resolved.json"),
+            AlertFormat::Generic,
+        ),
+    ];
+
+    #[test]
+    fn detection_picks_the_format_of_every_fixture() {
+        for (body, format) in FIXTURES {
+            let value: Value = serde_json::from_str(body).unwrap();
+            assert_eq!(detect(&value).unwrap(), format, "{body}");
+            let parsed = parse(body.as_bytes(), None).unwrap();
+            assert_eq!(parsed.format, format);
+            assert_eq!(parsed.signals.len(), 1);
+            assert!(parsed.signals[0].dedup_key.starts_with(format.as_str()));
+            assert_eq!(parse(body.as_bytes(), Some(format)).unwrap(), parsed);
+        }
+    }
+
+    #[test]
+    fn detection_rules() {
+        let cases = [
+            (json!({"event_action": "trigger"}), AlertFormat::PagerDuty),
+            (
+                json!({"routing_key": "x", "alerts": []}),
+                AlertFormat::PagerDuty,
+            ),
+            (json!({"alerts": [], "orgId": 1}), AlertFormat::Grafana),
+            (json!({"alerts": [], "state": "ok"}), AlertFormat::Grafana),
+            (json!({"alerts": [], "version": "1"}), AlertFormat::Grafana),
+            (
+                json!({"alerts": [], "version": "4"}),
+                AlertFormat::Alertmanager,
+            ),
+            (json!({"alerts": []}), AlertFormat::Alertmanager),
+            (
+                json!({"alerts": null, "groupKey": "g"}),
+                AlertFormat::Generic,
+            ),
+            (json!({"title": "t", "orgId": 1}), AlertFormat::Generic),
+            (json!({}), AlertFormat::Generic),
+        ];
+        for (value, format) in cases {
+            assert_eq!(detect(&value).unwrap(), format, "{value}");
+        }
+        for value in [json!([]), json!("x"), json!(1), json!(null)] {
+            assert_eq!(
+                detect(&value),
+                Err(AlertError::invalid("body", "must be a JSON object"))
+            );
+        }
+    }
+
+    #[test]
+    fn an_explicit_format_overrides_detection() {
+        // Grafana's body is a superset of Alertmanager's.
+        let (grafana, _) = FIXTURES[2];
+        let parsed = parse(grafana.as_bytes(), Some(AlertFormat::Alertmanager)).unwrap();
+        assert_eq!(parsed.format, AlertFormat::Alertmanager);
+        assert!(parsed.signals[0]
+            .dedup_key
+            .starts_with("alertmanager:tocsin:"));
+
+        let (generic, _) = FIXTURES[7];
+        let error = parse(generic.as_bytes(), Some(AlertFormat::PagerDuty)).unwrap_err();
+        assert_eq!(error, AlertError::invalid("event_action", "is required"));
+    }
+
+    #[test]
+    fn syntax_errors_and_non_objects() {
+        assert!(matches!(parse(b"{", None), Err(AlertError::Syntax(_))));
+        assert!(matches!(parse(b"", None), Err(AlertError::Syntax(_))));
+        assert!(matches!(
+            parse(b"\xff\xfe", None),
+            Err(AlertError::Syntax(_))
+        ));
+        for format in AlertFormat::ALL {
+            let error = parse(b"[1]", Some(format)).unwrap_err();
+            assert!(
+                matches!(&error, AlertError::Invalid { field, .. } if field == "body"),
+                "{format}: {error:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn format_names_round_trip() {
+        for format in AlertFormat::ALL {
+            assert_eq!(format.as_str().parse::<AlertFormat>().unwrap(), format);
+        }
+        assert!("prometheus".parse::<AlertFormat>().is_err());
+    }
+
+    #[test]
+    fn long_keys_are_hashed_deterministically() {
+        let short = dedup_key(AlertFormat::Generic, &["a", "b"]);
+        assert_eq!(short, "generic:a:b");
+        let exact = "k".repeat(MAX_DEDUP_KEY_BYTES - "generic:".len());
+        assert_eq!(
+            dedup_key(AlertFormat::Generic, &[&exact]).len(),
+            MAX_DEDUP_KEY_BYTES
+        );
+        let long = format!("{exact}k");
+        let hashed = dedup_key(AlertFormat::Generic, &[&long]);
+        // SHA-256 of "generic:" followed by 1 017 "k"s.
+        let digest =
+            ring::digest::digest(&ring::digest::SHA256, format!("generic:{long}").as_bytes());
+        let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hashed, format!("generic:sha256:{hex}"));
+    }
+
+    #[test]
+    fn truncation_counts_characters() {
+        assert_eq!(truncate_chars("héllo", 5), "héllo");
+        assert_eq!(truncate_chars("héllo!", 5), "héll…");
+        assert_eq!(truncate_chars("", 0), "");
+        assert_eq!(description(Some("  \n ")), None);
+        assert_eq!(source(Some(" host ")).as_deref(), Some("host"));
+    }
+
+    // Property tests: no input panics, and every accepted body yields bounded signals.
+
+    /// Field names the parsers read, so generated objects reach deep into them.
+    const KNOWN_KEYS: &[&str] = &[
+        "receiver",
+        "status",
+        "alerts",
+        "labels",
+        "annotations",
+        "severity",
+        "summary",
+        "description",
+        "alertname",
+        "groupLabels",
+        "commonLabels",
+        "commonAnnotations",
+        "externalURL",
+        "version",
+        "groupKey",
+        "truncatedAlerts",
+        "orgId",
+        "state",
+        "title",
+        "message",
+        "values",
+        "event_action",
+        "routing_key",
+        "dedup_key",
+        "payload",
+        "source",
+        "component",
+        "group",
+        "class",
+        "custom_details",
+        "client",
+        "client_url",
+        "links",
+        "images",
+        "timestamp",
+    ];
+
+    /// Values the parsers give meaning to.
+    const KNOWN_WORDS: &[&str] = &[
+        "firing",
+        "resolved",
+        "ok",
+        "alerting",
+        "no_data",
+        "trigger",
+        "acknowledge",
+        "resolve",
+        "acknowledged",
+        "critical",
+        "error",
+        "warning",
+        "info",
+        "SEV1",
+        "sev5",
+        "4",
+        "1",
+        "",
+        " ",
+        "\u{0}\u{1b}",
+    ];
+
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => prop::sample::select(KNOWN_KEYS).prop_map(str::to_owned),
+            1 => "[a-zA-Z_.\\[\\]]{0,8}",
+        ]
+    }
+
+    fn json_value() -> BoxedStrategy<Value> {
+        let leaf = prop_oneof![
+            1 => Just(Value::Null),
+            1 => any::<bool>().prop_map(Value::Bool),
+            1 => any::<i64>().prop_map(Value::from),
+            1 => any::<u64>().prop_map(Value::from),
+            1 => any::<f64>().prop_filter_map("finite", |f| {
+                serde_json::Number::from_f64(f).map(Value::Number)
+            }),
+            3 => prop::sample::select(KNOWN_WORDS).prop_map(Value::from),
+            2 => any::<String>().prop_map(Value::String),
+            // Long text: exercises truncation and the hashing of long dedup keys.
+            1 => ("[a-z é🦀\u{7}]{1,3}", 100usize..1_500).prop_map(|(unit, n)| Value::String(unit.repeat(n))),
+        ];
+        leaf.prop_recursive(5, 96, 8, |inner| {
+            prop_oneof![
+                1 => prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                3 => prop::collection::btree_map(key(), inner, 0..10)
+                    .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+        .boxed()
+    }
+
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        /// Replace the n-th node (pre-order, modulo the node count) with a value.
+        Replace(usize, Value),
+        /// Remove a field of the n-th node if it is a non-empty object.
+        Remove(usize, usize),
+    }
+
+    fn mutation() -> impl Strategy<Value = Mutation> {
+        prop_oneof![
+            (any::<usize>(), json_value()).prop_map(|(n, value)| Mutation::Replace(n, value)),
+            (any::<usize>(), any::<usize>()).prop_map(|(n, k)| Mutation::Remove(n, k)),
+        ]
+    }
+
+    fn node_count(value: &Value) -> usize {
+        1 + match value {
+            Value::Array(items) => items.iter().map(node_count).sum(),
+            Value::Object(map) => map.values().map(node_count).sum(),
+            _ => 0,
+        }
+    }
+
+    fn nth_node<'v>(value: &'v mut Value, n: &mut usize) -> Option<&'v mut Value> {
+        if *n == 0 {
+            return Some(value);
+        }
+        *n -= 1;
+        match value {
+            Value::Array(items) => items.iter_mut().find_map(|item| nth_node(item, n)),
+            Value::Object(map) => map.values_mut().find_map(|item| nth_node(item, n)),
+            _ => None,
+        }
+    }
+
+    fn mutate(value: &mut Value, mutation: Mutation) {
+        let count = node_count(value);
+        match mutation {
+            Mutation::Replace(n, new) => {
+                if let Some(node) = nth_node(value, &mut (n % count)) {
+                    *node = new;
+                }
+            }
+            Mutation::Remove(n, k) => {
+                if let Some(Value::Object(map)) = nth_node(value, &mut (n % count)) {
+                    if let Some(key) = map.keys().nth(k % map.len().max(1)).cloned() {
+                        map.remove(&key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Parses `body` with detection and with every explicit format, checking the invariants.
+    fn check(body: &[u8]) -> Result<(), TestCaseError> {
+        let formats = std::iter::once(None).chain(AlertFormat::ALL.into_iter().map(Some));
+        for format in formats {
+            match parse(body, format) {
+                Ok(parsed) => {
+                    prop_assert!(!parsed.signals.is_empty());
+                    if let Some(format) = format {
+                        prop_assert_eq!(parsed.format, format);
+                    }
+                    for signal in &parsed.signals {
+                        prop_assert!(signal.dedup_key.len() <= MAX_DEDUP_KEY_BYTES);
+                        prop_assert!(signal.dedup_key.starts_with(parsed.format.as_str()));
+                        let title = signal.title.as_str();
+                        prop_assert!(!title.is_empty());
+                        prop_assert!(title.chars().count() <= IncidentTitle::MAX_CHARS);
+                        prop_assert_eq!(title.trim(), title);
+                        prop_assert!(!title.chars().any(char::is_control));
+                        if let Some(description) = &signal.description {
+                            prop_assert!(!description.is_empty());
+                            prop_assert!(description.chars().count() <= MAX_DESCRIPTION_CHARS);
+                        }
+                        if let Some(source) = &signal.source {
+                            prop_assert!(!source.is_empty());
+                            prop_assert!(source.chars().count() <= MAX_SOURCE_CHARS);
+                        }
+                    }
+                }
+                Err(AlertError::Invalid { field, .. }) => prop_assert!(!field.is_empty()),
+                Err(AlertError::Syntax(_)) => {}
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..512)) {
+            check(&body)?;
+        }
+
+        #[test]
+        fn arbitrary_json_never_panics(value in json_value()) {
+            check(&serde_json::to_vec(&value).unwrap())?;
+        }
+
+        #[test]
+        fn mutated_fixtures_never_panic(
+            index in 0..FIXTURES.len(),
+            mutations in prop::collection::vec(mutation(), 0..4),
+        ) {
+            let (body, _) = FIXTURES[index];
+            let mut value: Value = serde_json::from_str(body).unwrap();
+            for mutation in mutations {
+                mutate(&mut value, mutation);
+            }
+            check(&serde_json::to_vec(&value).unwrap())?;
+        }
     }
 }

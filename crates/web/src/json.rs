@@ -1,0 +1,124 @@
+//! Strict JSON request bodies: unparseable JSON answers 400, content of the wrong shape answers
+//! 422 naming the field path (`retry.max_attempts`), a missing or wrong content type 415.
+
+use actix_web::http::header::CONTENT_TYPE;
+use actix_web::HttpRequest;
+use serde::de::DeserializeOwned;
+
+use crate::ApiError;
+
+/// Whether the request says its body is JSON (`application/json` or `application/*+json`).
+pub fn is_json(req: &HttpRequest) -> bool {
+    req.headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|mime| {
+            let mime = mime.trim().to_ascii_lowercase();
+            mime == "application/json"
+                || (mime.starts_with("application/") && mime.ends_with("+json"))
+        })
+        .unwrap_or(false)
+}
+
+/// Parses a body into `T`, naming the field of any mismatch.
+pub fn parse<T: DeserializeOwned>(req: &HttpRequest, body: &[u8]) -> Result<T, ApiError> {
+    if !is_json(req) {
+        return Err(ApiError::unsupported_media_type());
+    }
+    parse_bytes(body)
+}
+
+/// Parses bytes into `T`: 400 for a syntax error, 422 naming the field for a shape error.
+pub fn parse_bytes<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let deserializer = &mut serde_json::Deserializer::from_slice(body);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(deserializer);
+    parsed.map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Data => {
+                let field = if path == "." { "body".to_owned() } else { path };
+                ApiError::invalid(field, strip_position(&inner.to_string()))
+            }
+            _ => ApiError::bad_request(format!("the body is not valid JSON: {inner}")),
+        }
+    })
+}
+
+/// serde's messages end with " at line 1 column 42", which says nothing to a client with a path.
+fn strip_position(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(at) => message[..at].to_owned(),
+        None => message.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::http::StatusCode;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Body {
+        name: String,
+        retry: Retry,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Retry {
+        max_attempts: u8,
+    }
+
+    #[test]
+    fn names_the_field_path_of_shape_errors() {
+        let error =
+            parse_bytes::<Body>(br#"{"name":"a","retry":{"max_attempts":"x"}}"#).unwrap_err();
+        assert_eq!(error.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(
+            error.body().error.field.as_deref(),
+            Some("retry.max_attempts")
+        );
+        let error =
+            parse_bytes::<Body>(br#"{"name":"a","retry":{"max_attempts":1},"x":1}"#).unwrap_err();
+        assert_eq!(error.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(error.body().error.message.contains("unknown field"));
+        let error = parse_bytes::<Body>(br#"{"retry":{"max_attempts":1}}"#).unwrap_err();
+        assert_eq!(error.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(error.body().error.message.contains("missing field `name`"));
+        let error = parse_bytes::<Body>(br#"{"retry":{"max_attempts":300}}"#).unwrap_err();
+        assert_eq!(error.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    }
+
+    #[test]
+    fn syntax_errors_are_bad_requests() {
+        for body in [&b"{"[..], b"nope", b"", b"{\"name\": }"] {
+            let error = parse_bytes::<Body>(body).unwrap_err();
+            assert_eq!(error.status(), StatusCode::BAD_REQUEST, "{body:?}");
+        }
+    }
+
+    #[test]
+    fn content_type_must_be_json() {
+        let json = actix_web::test::TestRequest::default()
+            .insert_header((CONTENT_TYPE, "application/json; charset=utf-8"))
+            .to_http_request();
+        assert!(is_json(&json));
+        let vendor = actix_web::test::TestRequest::default()
+            .insert_header((CONTENT_TYPE, "application/vnd.foo+json"))
+            .to_http_request();
+        assert!(is_json(&vendor));
+        let text = actix_web::test::TestRequest::default()
+            .insert_header((CONTENT_TYPE, "text/plain"))
+            .to_http_request();
+        assert!(!is_json(&text));
+        assert!(!is_json(
+            &actix_web::test::TestRequest::default().to_http_request()
+        ));
+    }
+}

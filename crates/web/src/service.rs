@@ -1,0 +1,150 @@
+//! Running a service: its HTTP server and background tasks, stopped gracefully on SIGTERM or
+//! SIGINT (or a stop token, in tests) — stop accepting, finish in-flight requests, cancel the
+//! background tasks and wait for them within the shutdown bound, exit.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Background work of a service: tasks that stop when the token is cancelled.
+#[derive(Default)]
+pub struct Background {
+    cancel: CancellationToken,
+    tasks: Vec<(&'static str, JoinHandle<()>)>,
+}
+
+impl Background {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The token background tasks watch.
+    pub fn token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Spawns a named task.
+    pub fn spawn<F>(&mut self, name: &'static str, task: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.tasks.push((name, tokio::spawn(task)));
+    }
+}
+
+/// A running service: an HTTP server on a port, plus its background tasks.
+pub struct Service {
+    name: &'static str,
+    server: actix_web::dev::Server,
+    port: u16,
+    background: Background,
+    stop: CancellationToken,
+    shutdown_timeout: Duration,
+}
+
+impl Service {
+    pub fn new(
+        name: &'static str,
+        server: actix_web::dev::Server,
+        port: u16,
+        background: Background,
+        shutdown_timeout: Duration,
+    ) -> Self {
+        Service {
+            name,
+            server,
+            port,
+            background,
+            stop: CancellationToken::new(),
+            shutdown_timeout,
+        }
+    }
+
+    /// The port the HTTP server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Cancel this token to stop the service as SIGTERM would.
+    pub fn stop_token(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
+    /// Serves until SIGTERM, SIGINT or the stop token, then stops gracefully.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let Service {
+            name,
+            server,
+            port,
+            background,
+            stop,
+            shutdown_timeout,
+        } = self;
+        let handle = server.handle();
+        let mut server = tokio::spawn(server);
+        tracing::info!(service = name, port, "serving");
+        let mut finished_early = None;
+        tokio::select! {
+            result = &mut server => finished_early = Some(result),
+            reason = shutdown_signal() => tracing::info!(service = name, %reason, "stopping"),
+            _ = stop.cancelled() => tracing::info!(service = name, "stopping on request"),
+        }
+        // Background work first stops taking new work; the HTTP server drains in-flight requests.
+        background.cancel.cancel();
+        if finished_early.is_none() {
+            handle.stop(true).await;
+            finished_early = Some(server.await);
+        }
+        let drained = tokio::time::timeout(shutdown_timeout + Duration::from_secs(2), async {
+            for (task, join) in background.tasks {
+                if let Err(error) = join.await {
+                    tracing::error!(service = name, task, %error, "background task failed");
+                }
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                service = name,
+                "background tasks did not stop within the shutdown bound"
+            );
+        }
+        tracing::info!(service = name, "stopped");
+        match finished_early {
+            Some(result) => result
+                .context("the HTTP server task panicked")?
+                .context("the HTTP server failed"),
+            None => Ok(()),
+        }
+    }
+}
+
+async fn shutdown_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+            },
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                "SIGINT"
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "SIGINT"
+    }
+}
+
+/// Binds a listener, failing with a line that names the setting.
+pub fn bind(address: &str, setting: &str) -> anyhow::Result<std::net::TcpListener> {
+    std::net::TcpListener::bind(address)
+        .with_context(|| format!("{setting}: cannot listen on {address}"))
+}
