@@ -1,1 +1,24 @@
-pub fn placeholder() {}
+//! Test kit for Tocsin's integration tests: each test gets its own PostgreSQL database (cloned
+//! from a migrated template) and its own AMQP prefix (its queues removed afterwards), real HTTP
+//! receivers on loopback that record requests and answer as told, a TCP proxy that can cut a
+//! test's connections to PostgreSQL or RabbitMQ, and waiting on conditions with a deadline.
+//!
+//! Settings: `TOCSIN_TEST_DATABASE_URL` (a server URL without database, default
+//! `postgres://postgres@127.0.0.1:5432`), `TOCSIN_TEST_AMQP_URL` (default
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`), `TOCSIN_TEST_RABBITMQ_API` (default
+//! `http://guest:guest@127.0.0.1:15672`).
+
+mod broker;
+mod database;
+mod proxy;
+mod receiver;
+mod wait;
+
+pub use broker::{amqp_url, management_api, TestPrefix};
+pub use database::{database_server_url, TestDb};
+pub use proxy::TcpProxy;
+pub use receiver::{Behavior, Received, Receiver};
+pub use wait::{wait_for, wait_until};
+
+/// A fast retry schedule for tests (five attempts, well under a second apart).
+pub const FAST_RETRY_DELAYS: &str = "0s,200ms,300ms,400ms,500ms";

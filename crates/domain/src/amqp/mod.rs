@@ -2,6 +2,7 @@
 //! topology, publishes with publisher confirms (a nack or an unroutable return is an error),
 //! and opens manual-ack consumers with a prefetch.
 
+mod consumer;
 pub mod messages;
 pub mod topology;
 
@@ -16,6 +17,7 @@ use lapin::Confirmation;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
 use tokio::sync::Mutex;
 
+pub use consumer::{run_consumer, ConsumerOptions};
 pub use topology::{QueueType, Topology};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -212,21 +214,22 @@ impl Broker {
         queue: &str,
         prefetch: u16,
         tag: &str,
-    ) -> Result<Consumer, BrokerError> {
+    ) -> Result<(Channel, Consumer), BrokerError> {
         let live = self.live().await?;
         let opened = async {
             let channel = live.connection.create_channel().await?;
             channel
                 .basic_qos(prefetch, BasicQosOptions::default())
                 .await?;
-            channel
+            let consumer = channel
                 .basic_consume(
                     ShortString::from(queue),
                     ShortString::from(tag),
                     BasicConsumeOptions::default(),
                     FieldTable::default(),
                 )
-                .await
+                .await?;
+            lapin::Result::Ok((channel, consumer))
         }
         .await;
         if opened.is_err() && !live.healthy() {

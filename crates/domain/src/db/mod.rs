@@ -24,6 +24,13 @@ use uuid::Uuid;
 /// Every migration, compiled into the binaries.
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
 
+/// How many migrations the binaries carry.
+pub fn migration_count() -> usize {
+    diesel::migration::MigrationSource::<diesel::pg::Pg>::migrations(&MIGRATIONS)
+        .map(|migrations| migrations.len())
+        .unwrap_or(0)
+}
+
 /// Key of the advisory lock held while migrating, so that services starting together migrate once.
 const MIGRATION_LOCK: i64 = 0x746f_6373_696e_0001;
 

@@ -1,0 +1,349 @@
+//! RabbitMQ against the real broker: the topology as the broker reports it, retry queues that
+//! dead-letter back, the outbox relay (exactly once, and after an outage), and a consumer that
+//! survives losing its connection.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use lapin::options::{BasicAckOptions, BasicGetOptions};
+use prometheus::Registry;
+use tocsin_domain::alerts::{AlertAction, AlertSignal};
+use tocsin_domain::amqp::messages::{EventMessage, ATTEMPT_HEADER};
+use tocsin_domain::amqp::topology::DELIVERY_ROUTING_KEY;
+use tocsin_domain::amqp::{self, header_int, run_consumer, Broker, ConsumerOptions, Outgoing};
+use tocsin_domain::config::CommonConfig;
+use tocsin_domain::db::{incidents, outbox};
+use tocsin_domain::relay::OutboxRelay;
+use tocsin_domain::{IncidentTitle, RetrySchedule, Severity};
+use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestDb, TestPrefix};
+use tokio_util::sync::CancellationToken;
+
+const DEADLINE: Duration = Duration::from_secs(15);
+
+fn config(db: &TestDb, prefix: &TestPrefix, delays: &str) -> CommonConfig {
+    let mut config = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix);
+    config.retry_delays = delays.parse().unwrap();
+    config
+}
+
+async fn open_incident(db: &TestDb, key: &str) {
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let signal = AlertSignal {
+        dedup_key: key.into(),
+        action: AlertAction::Trigger,
+        title: IncidentTitle::parse("CPU hot").unwrap(),
+        severity: Severity::SEV3,
+        description: None,
+        source: None,
+        reply_key: None,
+    };
+    incidents::apply_signals(&mut conn, &[signal])
+        .await
+        .unwrap();
+}
+
+/// Takes every message waiting in a queue.
+async fn drain_queue(broker: &Broker, queue: &str) -> Vec<lapin::message::Delivery> {
+    let channel = broker.channel().await.unwrap();
+    let mut got = Vec::new();
+    while let Some(message) = channel
+        .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        got.push(message.delivery);
+    }
+    got
+}
+
+#[tokio::test]
+async fn the_broker_reports_the_declared_topology() {
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    let config = config(&db, &prefix, RetrySchedule::DEFAULT_TEXT);
+    let broker = config.broker("test");
+    broker.check().await.expect("declaring the topology");
+    let p = &prefix.prefix;
+
+    for (name, ttl) in [
+        ("1m", 60_000),
+        ("5m", 300_000),
+        ("30m", 1_800_000),
+        ("2h", 7_200_000),
+    ] {
+        let queue = format!("{p}.retry.{name}");
+        let info = wait_for("the retry queue in the management API", DEADLINE, || {
+            prefix.queue_info(&queue)
+        })
+        .await;
+        let args = &info["arguments"];
+        assert_eq!(args["x-message-ttl"], ttl, "{name}: {args}");
+        assert_eq!(args["x-dead-letter-exchange"], format!("{p}.deliveries"));
+        assert_eq!(args["x-dead-letter-routing-key"], DELIVERY_ROUTING_KEY);
+        assert_eq!(args["x-queue-type"], "quorum");
+        assert_eq!(args["x-dead-letter-strategy"], "at-least-once");
+        assert_eq!(info["durable"], true);
+    }
+    for queue in [format!("{p}.deliveries"), format!("{p}.events.fanout")] {
+        let info = prefix.queue_info(&queue).await.expect("work queue exists");
+        assert_eq!(info["arguments"]["x-delivery-limit"], 20, "{queue}");
+        assert_eq!(
+            info["arguments"]["x-dead-letter-exchange"],
+            format!("{p}.parking")
+        );
+    }
+    assert!(prefix.queue_info(&format!("{p}.parking")).await.is_some());
+}
+
+#[tokio::test]
+async fn a_retry_queue_dead_letters_back_to_the_delivery_queue_with_headers_intact() {
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    let config = config(&db, &prefix, "0s,300ms");
+    let broker = config.broker("test");
+    let topology = broker.topology().clone();
+    let mut headers = lapin::types::FieldTable::default();
+    headers.insert(
+        ATTEMPT_HEADER.into(),
+        lapin::types::AMQPValue::LongLongInt(2),
+    );
+    let sent = Instant::now();
+    broker
+        .publish(Outgoing {
+            exchange: String::new(),
+            routing_key: topology.retry_queue(Duration::from_millis(300)),
+            body: b"{\"delivery_id\":\"00000000-0000-0000-0000-000000000000\"}".to_vec(),
+            headers,
+        })
+        .await
+        .expect("publishing to the retry queue");
+    let back = wait_for(
+        "the message back in the delivery queue",
+        DEADLINE,
+        || async { drain_queue(&broker, &topology.delivery_queue()).await.pop() },
+    )
+    .await;
+    assert!(
+        sent.elapsed() >= Duration::from_millis(300),
+        "held for its TTL"
+    );
+    assert_eq!(header_int(&back.properties, ATTEMPT_HEADER), Some(2));
+}
+
+#[tokio::test]
+async fn changing_the_schedule_does_not_fail_on_existing_queues() {
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    config(&db, &prefix, "0s,1s,2s")
+        .broker("a")
+        .check()
+        .await
+        .unwrap();
+    config(&db, &prefix, "0s,3s")
+        .broker("b")
+        .check()
+        .await
+        .unwrap();
+    let names = prefix.queue_names().await;
+    for delay in ["1s", "2s", "3s"] {
+        assert!(
+            names.contains(&format!("{}.retry.{delay}", prefix.prefix)),
+            "{names:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn unroutable_publishes_are_errors() {
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    let broker = config(&db, &prefix, "0s").broker("test");
+    let error = broker
+        .publish(Outgoing {
+            exchange: broker.topology().events_exchange(),
+            routing_key: "nowhere".into(),
+            body: b"{}".to_vec(),
+            headers: Default::default(),
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(error, amqp::BrokerError::Unroutable(_)), "{error}");
+}
+
+#[tokio::test]
+async fn the_relay_publishes_a_committed_row_exactly_once() {
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    let config = config(&db, &prefix, "0s");
+    let broker = config.broker("test");
+    let relay = OutboxRelay::new(
+        db.pool(),
+        broker.clone(),
+        &db.url,
+        Duration::from_secs(1),
+        &Registry::new(),
+    )
+    .unwrap();
+    open_incident(&db, "once").await;
+
+    assert_eq!(relay.drain().await.unwrap(), 1);
+    assert_eq!(
+        relay.drain().await.unwrap(),
+        0,
+        "a published row is not published again"
+    );
+    let messages = drain_queue(&broker, &broker.topology().fanout_queue()).await;
+    assert_eq!(messages.len(), 1);
+    let message = EventMessage::from_bytes(&messages[0].data).unwrap();
+    assert_eq!(message.event.as_str(), "incidents.opened");
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn the_relay_wakes_on_commit_and_catches_up_after_a_broker_outage() {
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    let proxy = TcpProxy::start("127.0.0.1:5672").await;
+    let mut proxied = config(&db, &prefix, "0s");
+    proxied.amqp_url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
+    let direct = config(&db, &prefix, "0s").broker("observer");
+    direct.check().await.unwrap();
+    let relay = OutboxRelay::new(
+        db.pool(),
+        proxied.broker("relay"),
+        &db.url,
+        Duration::from_secs(60),
+        &Registry::new(),
+    )
+    .unwrap();
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(relay.clone().run(cancel.clone()));
+
+    // Woken by NOTIFY from another connection, with the fallback poll a minute away.
+    open_incident(&db, "first").await;
+    let fanout = direct.topology().fanout_queue();
+    let seen = AtomicUsize::new(0);
+    wait_until("the first event published", DEADLINE, || async {
+        let n = drain_queue(&direct, &fanout).await.len();
+        seen.fetch_add(n, Ordering::SeqCst) + n == 1
+    })
+    .await;
+
+    // The broker goes away; an incident is committed meanwhile.
+    proxy.cut();
+    open_incident(&db, "during-outage").await;
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    wait_until("the relay to try and fail", DEADLINE, || async {
+        relay_failed(&relay).await
+    })
+    .await;
+    assert_eq!(
+        outbox::backlog(&mut conn).await.unwrap(),
+        1,
+        "the row waits"
+    );
+
+    proxy.restore();
+    let after = AtomicUsize::new(0);
+    wait_until("the event published after the outage", DEADLINE, || async {
+        let n = drain_queue(&direct, &fanout).await.len();
+        after.fetch_add(n, Ordering::SeqCst) + n >= 1
+    })
+    .await;
+    assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 0);
+    cancel.cancel();
+    running.await.unwrap();
+    assert_eq!(
+        drain_queue(&direct, &fanout).await.len(),
+        0,
+        "nothing published twice"
+    );
+    assert_eq!(after.load(Ordering::SeqCst), 1);
+}
+
+async fn relay_failed(relay: &OutboxRelay) -> bool {
+    relay.drain().await.is_err()
+}
+
+#[tokio::test]
+async fn a_consumer_keeps_working_after_losing_its_connection() {
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    let proxy = TcpProxy::start("127.0.0.1:5672").await;
+    let mut proxied = config(&db, &prefix, "0s");
+    proxied.amqp_url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
+    let consumer_broker = proxied.broker("consumer");
+    let direct = config(&db, &prefix, "0s").broker("producer");
+    direct.check().await.unwrap();
+    let received = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
+    let cancel = CancellationToken::new();
+    let options = ConsumerOptions {
+        queue: direct.topology().delivery_queue(),
+        prefetch: 4,
+        tag: "test".into(),
+        drain_timeout: Duration::from_secs(2),
+    };
+    let sink = received.clone();
+    let consuming = tokio::spawn(run_consumer(
+        consumer_broker,
+        options,
+        cancel.clone(),
+        move |delivery| {
+            let sink = sink.clone();
+            async move {
+                sink.lock().unwrap().push(delivery.data.clone());
+                let _ = delivery.ack(BasicAckOptions::default()).await;
+            }
+        },
+    ));
+    let send = |body: &'static str| {
+        let direct = direct.clone();
+        async move {
+            direct
+                .publish(Outgoing {
+                    exchange: direct.topology().deliveries_exchange(),
+                    routing_key: DELIVERY_ROUTING_KEY.into(),
+                    body: body.as_bytes().to_vec(),
+                    headers: Default::default(),
+                })
+                .await
+                .unwrap()
+        }
+    };
+    send("before").await;
+    wait_until("the first message consumed", DEADLINE, || async {
+        received.lock().unwrap().len() == 1
+    })
+    .await;
+
+    proxy.cut();
+    send("during").await;
+    proxy.restore();
+    send("after").await;
+    wait_until(
+        "both later messages consumed after reconnecting",
+        DEADLINE,
+        || async {
+            let got = received.lock().unwrap();
+            got.iter().any(|m| m == b"during") && got.iter().any(|m| m == b"after")
+        },
+    )
+    .await;
+    cancel.cancel();
+    consuming.await.unwrap();
+}
+
+#[tokio::test]
+async fn publishing_to_an_unreachable_broker_fails_quickly() {
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    let mut config = config(&db, &prefix, "0s");
+    config.amqp_url = "amqp://guest:guest@127.0.0.1:1/%2f".into();
+    let broker = config.broker("nowhere");
+    let started = Instant::now();
+    assert!(broker.check().await.is_err());
+    assert!(started.elapsed() < Duration::from_secs(6));
+}

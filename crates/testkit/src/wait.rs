@@ -1,0 +1,36 @@
+//! Waiting on a condition with a deadline, never a bare sleep.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// Polls `probe` every 20 ms until it returns `Some`, and returns that value. Panics naming
+/// `what` when `deadline` passes first.
+pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        if start.elapsed() > deadline {
+            panic!("timed out after {deadline:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Polls `probe` until it returns `true`; panics naming `what` when `deadline` passes first.
+pub async fn wait_until<F, Fut>(what: &str, deadline: Duration, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    wait_for(what, deadline, || {
+        let fut = probe();
+        async move { fut.await.then_some(()) }
+    })
+    .await
+}
