@@ -107,6 +107,7 @@ impl OutboxRelay {
                 }
                 Err(error) => {
                     self.metrics.failures.inc();
+                    self.count_backlog().await;
                     tracing::warn!(error = %format!("{error:#}"), "outbox relay pass failed; will retry");
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     backoff
@@ -123,6 +124,15 @@ impl OutboxRelay {
             tracing::warn!(error = %format!("{error:#}"), "final outbox pass failed; rows stay for the next start");
         }
         let _ = listener.await;
+    }
+
+    /// Updates the backlog gauge (while publishing fails, so that it shows the growth).
+    async fn count_backlog(&self) {
+        if let Ok(mut conn) = self.pool.get().await {
+            if let Ok(backlog) = outbox::backlog(&mut conn).await {
+                self.metrics.backlog.set(backlog);
+            }
+        }
     }
 
     /// Publishes every committed row; returns how many were published.

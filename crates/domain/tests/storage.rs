@@ -151,6 +151,23 @@ async fn fifty_concurrent_alerts_with_one_new_key_open_one_incident() {
     assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 1);
 }
 
+#[tokio::test]
+async fn many_incidents_open_on_one_connection() {
+    // PostgreSQL switches a prepared statement to a generic plan after five runs: the upsert
+    // against the partial unique index must keep working past that.
+    let db = TestDb::new().await;
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    for i in 0..12 {
+        let outcome = incidents::apply_signals(
+            &mut conn,
+            &[signal(&format!("key-{i}"), AlertAction::Trigger)],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("incident {i}: {e}"));
+        assert_eq!(outcome[0].change, Change::Opened);
+    }
+}
+
 #[derive(diesel::QueryableByName)]
 struct Count {
     #[diesel(sql_type = diesel::sql_types::BigInt)]

@@ -1,1 +1,24 @@
-fn main() {}
+use std::process::ExitCode;
+
+use clap::Parser;
+use tocsin_ingest::Config;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let config = Config::parse();
+    tocsin_domain::config::init_tracing(config.common.log_format);
+    let app = match tocsin_ingest::build(config).await {
+        Ok(app) => app,
+        Err(error) => {
+            eprintln!("tocsin-ingest: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match app.run_until_stopped().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tocsin-ingest: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -218,8 +218,8 @@ pub fn path_error_handler(
 }
 
 /// The common shape for a route that does not exist.
-pub async fn not_found() -> ApiError {
-    ApiError::not_found("route")
+pub async fn not_found() -> HttpResponse {
+    ApiError::not_found("route").error_response()
 }
 
 #[cfg(test)]

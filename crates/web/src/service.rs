@@ -91,12 +91,14 @@ impl Service {
             reason = shutdown_signal() => tracing::info!(service = name, %reason, "stopping"),
             _ = stop.cancelled() => tracing::info!(service = name, "stopping on request"),
         }
-        // Background work first stops taking new work; the HTTP server drains in-flight requests.
-        background.cancel.cancel();
+        // The HTTP server stops accepting and finishes in-flight requests first, so that what
+        // they commit is still seen by background work (the outbox relay's last pass); then
+        // background work stops taking new work and drains within the bound.
         if finished_early.is_none() {
             handle.stop(true).await;
             finished_early = Some(server.await);
         }
+        background.cancel.cancel();
         let drained = tokio::time::timeout(shutdown_timeout + Duration::from_secs(2), async {
             for (task, join) in background.tasks {
                 if let Err(error) = join.await {

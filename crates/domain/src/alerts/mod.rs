@@ -135,7 +135,30 @@ pub fn parse(body: &[u8], format: Option<AlertFormat>) -> Result<ParsedAlerts, A
         AlertFormat::PagerDuty => pagerduty::parse(value)?,
         AlertFormat::Generic => generic::parse(value)?,
     };
+    let signals = signals.into_iter().map(without_nul).collect();
     Ok(ParsedAlerts { format, signals })
+}
+
+/// PostgreSQL text cannot hold NUL: drop it from every stored string (titles already turn
+/// control characters into spaces).
+fn without_nul(mut signal: AlertSignal) -> AlertSignal {
+    let strip = |text: &mut String| {
+        if text.contains('\0') {
+            text.retain(|c| c != '\0');
+        }
+    };
+    strip(&mut signal.dedup_key);
+    for text in [
+        &mut signal.description,
+        &mut signal.source,
+        &mut signal.reply_key,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        strip(text);
+    }
+    signal
 }
 
 /// Detects the format from the body's distinctive fields (docs/ingest.md, "Format detection"):

@@ -197,7 +197,11 @@ async fn apply_one(
                     incidents::updated_at.eq(now),
                 ))
                 .on_conflict(incidents::dedup_key)
-                .filter_target(incidents::status.ne(IncidentStatus::Resolved.as_str()))
+                // A literal, not a bound parameter: PostgreSQL must match the partial index's
+                // predicate when planning, which a generic plan over `$n` cannot do.
+                .filter_target(diesel::dsl::sql::<diesel::sql_types::Bool>(
+                    "status <> 'resolved'",
+                ))
                 .do_nothing()
                 .returning(IncidentRow::as_returning())
                 .get_result(conn)

@@ -1,0 +1,80 @@
+//! Settings of `tocsin-ingest` (besides the common ones of `tocsin_domain::config`):
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `TOCSIN_INGEST_ADDR` | `127.0.0.1:8080` | listen address |
+//! | `TOCSIN_INGEST_BODY_LIMIT` | `524288` | largest accepted body, bytes (512 KiB) |
+//! | `TOCSIN_INGEST_RATE_LIMIT` | `1000` | requests per second per token (0: no limit) |
+//! | `TOCSIN_INGEST_RATE_BURST` | `2000` | requests a token may send at once |
+//! | `TOCSIN_OUTBOX_POLL` | `1s` | fallback poll of the outbox relay |
+//! | `TOCSIN_HTTP_WORKERS` | CPU count | HTTP worker threads |
+
+use std::time::Duration;
+
+use tocsin_domain::config::{parse_duration_arg, CommonConfig};
+
+/// `tocsin-ingest` settings.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "tocsin-ingest",
+    version,
+    about = "Tocsin's inbound alert endpoint"
+)]
+pub struct Config {
+    #[command(flatten)]
+    pub common: CommonConfig,
+
+    /// Address to listen on.
+    #[arg(
+        long,
+        env = "TOCSIN_INGEST_ADDR",
+        value_name = "TOCSIN_INGEST_ADDR",
+        default_value = "127.0.0.1:8080"
+    )]
+    pub addr: String,
+
+    /// Largest accepted request body, in bytes.
+    #[arg(long, env = "TOCSIN_INGEST_BODY_LIMIT", value_name = "TOCSIN_INGEST_BODY_LIMIT", default_value_t = 512 * 1024)]
+    pub body_limit: usize,
+
+    /// Requests per second each token may make (0 turns the limit off).
+    #[arg(
+        long,
+        env = "TOCSIN_INGEST_RATE_LIMIT",
+        value_name = "TOCSIN_INGEST_RATE_LIMIT",
+        default_value_t = 1000
+    )]
+    pub rate_limit: u32,
+
+    /// Requests a token may make at once before the rate applies.
+    #[arg(
+        long,
+        env = "TOCSIN_INGEST_RATE_BURST",
+        value_name = "TOCSIN_INGEST_RATE_BURST",
+        default_value_t = 2000
+    )]
+    pub rate_burst: u32,
+
+    /// How often the outbox relay looks for rows when no commit woke it.
+    #[arg(long, env = "TOCSIN_OUTBOX_POLL", value_name = "TOCSIN_OUTBOX_POLL", default_value = "1s", value_parser = parse_duration_arg)]
+    pub outbox_poll: Duration,
+
+    /// HTTP worker threads (default: one per CPU).
+    #[arg(long, env = "TOCSIN_HTTP_WORKERS", value_name = "TOCSIN_HTTP_WORKERS")]
+    pub workers: Option<usize>,
+}
+
+impl Config {
+    /// Settings for a test or tool: the given database, broker and prefix, port 0.
+    pub fn for_tests(common: CommonConfig) -> Self {
+        Config {
+            common,
+            addr: "127.0.0.1:0".into(),
+            body_limit: 512 * 1024,
+            rate_limit: 0,
+            rate_burst: 0,
+            outbox_poll: Duration::from_millis(500),
+            workers: Some(1),
+        }
+    }
+}

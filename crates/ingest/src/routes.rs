@@ -1,0 +1,236 @@
+//! `POST /api/v1/webhooks/alerts`.
+
+use std::sync::Arc;
+
+use actix_web::http::header::CONTENT_LENGTH;
+use actix_web::{web, HttpRequest, HttpResponse};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tocsin_domain::alerts::{self, AlertAction, AlertError, AlertFormat};
+use tocsin_domain::db::incidents::{self, Change, SignalOutcome};
+use tocsin_domain::db::{tokens, DbError, DbPool};
+use tocsin_domain::{AccessToken, EventKind, IncidentStatus};
+use tocsin_web::auth::bearer_token;
+use tocsin_web::{json, ApiError};
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use crate::metrics::IngestMetrics;
+use crate::rate_limit::RateLimiter;
+
+/// Seconds a sender should wait after a 503.
+const RETRY_AFTER_UNAVAILABLE: u64 = 5;
+
+/// What the handler shares.
+pub struct IngestState {
+    pub pool: DbPool,
+    pub relay: Arc<Notify>,
+    pub limiter: RateLimiter,
+    pub metrics: IngestMetrics,
+    pub body_limit: usize,
+}
+
+/// Why an alert request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("missing, malformed, unknown or revoked token")]
+    Unauthorized,
+    #[error("rate limited")]
+    RateLimited { retry_after_secs: u64 },
+    #[error("not JSON")]
+    UnsupportedMediaType,
+    #[error("body over {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("body could not be read: {0}")]
+    Read(String),
+    #[error(transparent)]
+    Alert(#[from] AlertError),
+    #[error("storage unavailable")]
+    Unavailable,
+    #[error(transparent)]
+    Storage(DbError),
+}
+
+impl From<DbError> for IngestError {
+    fn from(error: DbError) -> Self {
+        if error.is_unavailable() {
+            IngestError::Unavailable
+        } else {
+            IngestError::Storage(error)
+        }
+    }
+}
+
+impl IngestError {
+    fn outcome(&self) -> &'static str {
+        match self {
+            IngestError::Unauthorized => "unauthorized",
+            IngestError::RateLimited { .. } => "rate_limited",
+            IngestError::UnsupportedMediaType => "unsupported_media_type",
+            IngestError::TooLarge { .. } => "too_large",
+            IngestError::Read(_) | IngestError::Alert(AlertError::Syntax(_)) => "bad_request",
+            IngestError::Alert(AlertError::Invalid { .. }) => "invalid",
+            IngestError::Unavailable => "unavailable",
+            IngestError::Storage(_) => "error",
+        }
+    }
+}
+
+impl From<IngestError> for ApiError {
+    fn from(error: IngestError) -> Self {
+        match error {
+            IngestError::Unauthorized => ApiError::unauthorized(),
+            IngestError::RateLimited { retry_after_secs } => {
+                ApiError::rate_limited(retry_after_secs)
+            }
+            IngestError::UnsupportedMediaType => ApiError::unsupported_media_type(),
+            IngestError::TooLarge { limit } => ApiError::payload_too_large(limit),
+            IngestError::Read(message) => ApiError::bad_request(message),
+            IngestError::Alert(AlertError::Syntax(message)) => {
+                ApiError::bad_request(format!("the body is not valid JSON: {message}"))
+            }
+            IngestError::Alert(AlertError::Invalid { field, message }) => {
+                ApiError::invalid(field, message)
+            }
+            IngestError::Unavailable => ApiError::unavailable(RETRY_AFTER_UNAVAILABLE),
+            IngestError::Storage(error) => ApiError::internal(&error),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FormatQuery {
+    format: Option<String>,
+}
+
+/// The 202 body: what happened to each incident the alert touched.
+#[derive(Debug, Serialize)]
+struct Accepted {
+    status: &'static str,
+    format: AlertFormat,
+    incidents: Vec<Touched>,
+    /// PagerDuty senders read the key back from here, as from PagerDuty's own API.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dedup_key: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Touched {
+    /// `None` when an acknowledge or resolve found no open incident.
+    id: Option<Uuid>,
+    dedup_key: String,
+    action: AlertAction,
+    #[serde(flatten)]
+    change: Change,
+    status: Option<IncidentStatus>,
+    events: Vec<EventKind>,
+}
+
+impl From<SignalOutcome> for Touched {
+    fn from(outcome: SignalOutcome) -> Self {
+        Touched {
+            id: outcome.incident.as_ref().map(|i| i.id),
+            status: outcome.incident.as_ref().map(|i| i.status),
+            dedup_key: outcome.dedup_key,
+            action: outcome.action,
+            change: outcome.change,
+            events: outcome.events.iter().map(|e| e.kind).collect(),
+        }
+    }
+}
+
+/// Receives one alert notification.
+pub async fn receive_alerts(
+    req: HttpRequest,
+    payload: web::Payload,
+    query: web::Query<FormatQuery>,
+    state: web::Data<IngestState>,
+) -> Result<HttpResponse, ApiError> {
+    let mut format_label = "unknown";
+    let result = handle(&req, payload, &query, &state, &mut format_label).await;
+    match result {
+        Ok(response) => {
+            state.metrics.record(format_label, "accepted");
+            Ok(response)
+        }
+        Err(error) => {
+            state.metrics.record(format_label, error.outcome());
+            Err(error.into())
+        }
+    }
+}
+
+async fn handle(
+    req: &HttpRequest,
+    payload: web::Payload,
+    query: &FormatQuery,
+    state: &IngestState,
+    format_label: &mut &'static str,
+) -> Result<HttpResponse, IngestError> {
+    let token_id = authenticate(req, &state.pool).await?;
+    state
+        .limiter
+        .check(token_id)
+        .map_err(|wait| IngestError::RateLimited {
+            retry_after_secs: wait.as_secs() + 1,
+        })?;
+    if !json::is_json(req) {
+        return Err(IngestError::UnsupportedMediaType);
+    }
+    let format = query
+        .format
+        .as_deref()
+        .map(str::parse::<AlertFormat>)
+        .transpose()?;
+    let body = read_body(req, payload, state.body_limit).await?;
+    let parsed = alerts::parse(&body, format)?;
+    *format_label = parsed.format.as_str();
+    let reply_key = parsed.signals.iter().find_map(|s| s.reply_key.clone());
+    let mut conn = state.pool.get().await.map_err(DbError::from)?;
+    let outcomes = incidents::apply_signals(&mut conn, &parsed.signals).await?;
+    if outcomes.iter().any(|o| !o.events.is_empty()) {
+        state.relay.notify_one();
+    }
+    Ok(HttpResponse::Accepted().json(Accepted {
+        status: "accepted",
+        format: parsed.format,
+        dedup_key: reply_key,
+        incidents: outcomes.into_iter().map(Touched::from).collect(),
+    }))
+}
+
+/// The id of the request's live token. Every refusal looks the same to the client.
+async fn authenticate(req: &HttpRequest, pool: &DbPool) -> Result<Uuid, IngestError> {
+    let presented = bearer_token(req)
+        .and_then(AccessToken::from_presented)
+        .ok_or(IngestError::Unauthorized)?;
+    let mut conn = pool.get().await.map_err(DbError::from)?;
+    tokens::authenticate(&mut conn, &presented)
+        .await?
+        .ok_or(IngestError::Unauthorized)
+}
+
+/// Reads the body, refusing it as soon as it passes the limit.
+async fn read_body(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<Vec<u8>, IngestError> {
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        return Err(IngestError::TooLarge { limit });
+    }
+    let mut body = Vec::with_capacity(declared.unwrap_or(4096).min(limit));
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| IngestError::Read(e.to_string()))?;
+        if body.len() + chunk.len() > limit {
+            return Err(IngestError::TooLarge { limit });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
