@@ -1,1 +1,15 @@
-pub fn placeholder() {}
+//! `tocsin-dispatcher`: turns incident events into deliveries (fan-out) and deliveries into
+//! signed HTTP requests, logs every attempt, and retries failures on the schedule of SPEC §8
+//! through RabbitMQ's per-delay retry queues. Any number of dispatchers share the queues.
+
+mod config;
+mod deliver;
+mod fanout;
+mod metrics;
+mod ssrf;
+mod startup;
+mod sweeper;
+
+pub use config::Config;
+pub use ssrf::TargetPolicy;
+pub use startup::{build, App};

@@ -206,25 +206,57 @@ pub struct DeliveryJob {
     pub webhook: Webhook,
     /// The exact body to send.
     pub body: String,
+    /// When the event happened (for the end-to-end lag).
+    pub occurred_at: OffsetDateTime,
     /// Whether this is a test event sent from the settings.
     pub test: bool,
 }
 
-/// Loads a delivery with its webhook and event body.
+/// Loads a delivery with its webhook and event body, in one query.
 pub async fn load_job(conn: &mut AsyncPgConnection, id: Uuid) -> Result<DeliveryJob, DbError> {
-    let delivery = get(conn, id).await?;
-    let webhook = super::webhooks::get_any(conn, delivery.webhook_id).await?;
-    let (body, test_webhook_id): (String, Option<Uuid>) = events::table
-        .find(delivery.event_id)
-        .select((events::body, events::test_webhook_id))
+    let row: Option<(
+        DeliveryRow,
+        super::webhooks::WebhookRow,
+        String,
+        OffsetDateTime,
+        Option<Uuid>,
+    )> = deliveries::table
+        .inner_join(webhooks::table)
+        .inner_join(events::table)
+        .filter(deliveries::id.eq(id))
+        .select((
+            DeliveryRow::as_select(),
+            super::webhooks::WebhookRow::as_select(),
+            events::body,
+            events::occurred_at,
+            events::test_webhook_id,
+        ))
         .first(conn)
-        .await?;
+        .await
+        .optional()?;
+    let (delivery, webhook, body, occurred_at, test_webhook_id) = row.ok_or(DbError::NotFound)?;
     Ok(DeliveryJob {
-        delivery,
-        webhook,
+        delivery: delivery.try_into()?,
+        webhook: webhook.try_into()?,
         body,
+        occurred_at,
         test: test_webhook_id.is_some(),
     })
+}
+
+/// Deliveries of an event that still wait for their first attempt (to re-enqueue them when
+/// the event is redelivered after a crash).
+pub async fn waiting_for_first_attempt(
+    conn: &mut AsyncPgConnection,
+    event_id: Uuid,
+) -> Result<Vec<Uuid>, DbError> {
+    Ok(deliveries::table
+        .filter(deliveries::event_id.eq(event_id))
+        .filter(deliveries::state.eq(DeliveryState::Pending.as_str()))
+        .filter(deliveries::attempt_count.eq(0))
+        .select(deliveries::id)
+        .load(conn)
+        .await?)
 }
 
 /// One delivery.

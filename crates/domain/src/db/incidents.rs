@@ -273,6 +273,8 @@ impl From<diesel::result::Error> for StatusChangeError {
 }
 
 /// Moves an incident to `to` (DESIGN §3 rules) and records its events, in one transaction.
+/// Asking for the status the incident already has changes nothing and emits nothing (so a
+/// repeated request is harmless), even for a resolved incident.
 pub async fn change_status(
     conn: &mut AsyncPgConnection,
     id: Uuid,
@@ -289,6 +291,9 @@ pub async fn change_status(
             .optional()?
             .ok_or(StatusChangeError::NotFound)?
             .try_into()?;
+        if current.status == to {
+            return Ok((current, Vec::new()));
+        }
         current.status.transition(to)?;
         let (incident, change) = set_status(conn, current, to, now).await?;
         let events = events_for(&incident, change, now);

@@ -57,6 +57,27 @@ impl From<diesel_async::pooled_connection::deadpool::PoolError> for DbError {
 }
 
 impl DbError {
+    /// Whether trying again later may succeed: the database was unreachable, the connection
+    /// broke or a serialization failure occurred — not a missing row, bad data or a violated
+    /// constraint.
+    pub fn is_transient(&self) -> bool {
+        use diesel::result::{DatabaseErrorKind as K, Error as E};
+        match self {
+            DbError::Unavailable(_) => true,
+            DbError::NotFound | DbError::Corrupt(_) => false,
+            DbError::Query(E::NotFound) => false,
+            DbError::Query(E::DatabaseError(
+                K::UniqueViolation
+                | K::ForeignKeyViolation
+                | K::NotNullViolation
+                | K::CheckViolation,
+                _,
+            )) => false,
+            DbError::Query(E::DeserializationError(_) | E::SerializationError(_)) => false,
+            DbError::Query(_) => true,
+        }
+    }
+
     /// Whether the database could not be reached (as opposed to a query's own failure).
     pub fn is_unavailable(&self) -> bool {
         match self {

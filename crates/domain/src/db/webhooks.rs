@@ -14,7 +14,7 @@ use crate::{EventKind, RetrySettings, TargetUrl, WebhookName, WebhookSecret};
 
 #[derive(Debug, Clone, Queryable, Selectable)]
 #[diesel(table_name = webhooks)]
-struct WebhookRow {
+pub(crate) struct WebhookRow {
     id: Uuid,
     name: String,
     url: String,
@@ -161,6 +161,21 @@ pub async fn get(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Webhook, DbEr
         return Err(DbError::NotFound);
     }
     Ok(webhook)
+}
+
+/// A webhook that has not been deleted, its row locked until the end of the caller's
+/// transaction (to merge a partial change into the current values without losing another).
+pub async fn get_for_update(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Webhook, DbError> {
+    webhooks::table
+        .find(id)
+        .filter(webhooks::deleted_at.is_null())
+        .for_update()
+        .select(WebhookRow::as_select())
+        .first(conn)
+        .await
+        .optional()?
+        .ok_or(DbError::NotFound)?
+        .try_into()
 }
 
 /// Webhooks that have not been deleted, newest first.

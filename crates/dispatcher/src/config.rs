@@ -1,0 +1,78 @@
+//! Settings of `tocsin-dispatcher` (besides the common ones of `tocsin_domain::config`):
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `TOCSIN_DISPATCHER_ADDR` | `127.0.0.1:8082` | address of `/healthz`, `/readyz`, `/metrics` |
+//! | `TOCSIN_ALLOWED_TARGETS` | empty | CIDRs exempt from the SSRF rules, comma-separated |
+//! | `TOCSIN_DISPATCHER_CONCURRENCY` | `64` | attempts in flight at once (the delivery queue's prefetch) |
+//! | `TOCSIN_FANOUT_PREFETCH` | `16` | events fanned out at once |
+//! | `TOCSIN_SWEEP_INTERVAL` | `30s` | how often the sweeper looks for overdue deliveries |
+//! | `TOCSIN_SWEEP_GRACE` | `2m` | how overdue a delivery must be before the sweeper re-enqueues it |
+//! | `TOCSIN_RESPONSE_BODY_LIMIT` | `65536` | bytes of a target's response body kept in the log |
+
+use std::time::Duration;
+
+use tocsin_domain::config::{parse_duration_arg, CommonConfig};
+
+use crate::ssrf::TargetPolicy;
+
+/// `tocsin-dispatcher` settings.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "tocsin-dispatcher",
+    version,
+    about = "Tocsin's webhook dispatcher"
+)]
+pub struct Config {
+    #[command(flatten)]
+    pub common: CommonConfig,
+
+    /// Address of the health and metrics endpoints.
+    #[arg(
+        long,
+        env = "TOCSIN_DISPATCHER_ADDR",
+        value_name = "TOCSIN_DISPATCHER_ADDR",
+        default_value = "127.0.0.1:8082"
+    )]
+    pub addr: String,
+
+    /// CIDRs exempt from the SSRF rules (e.g. `127.0.0.0/8,10.1.0.0/16`).
+    #[arg(long, env = "TOCSIN_ALLOWED_TARGETS", value_name = "TOCSIN_ALLOWED_TARGETS", default_value = "", value_parser = TargetPolicy::parse)]
+    pub allowed_targets: TargetPolicy,
+
+    /// Attempts in flight at once.
+    #[arg(long, env = "TOCSIN_DISPATCHER_CONCURRENCY", value_name = "TOCSIN_DISPATCHER_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=10000))]
+    pub concurrency: u16,
+
+    /// Events fanned out at once.
+    #[arg(long, env = "TOCSIN_FANOUT_PREFETCH", value_name = "TOCSIN_FANOUT_PREFETCH", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub fanout_prefetch: u16,
+
+    /// How often the sweeper runs.
+    #[arg(long, env = "TOCSIN_SWEEP_INTERVAL", value_name = "TOCSIN_SWEEP_INTERVAL", default_value = "30s", value_parser = parse_duration_arg)]
+    pub sweep_interval: Duration,
+
+    /// How overdue a delivery must be before the sweeper re-enqueues it.
+    #[arg(long, env = "TOCSIN_SWEEP_GRACE", value_name = "TOCSIN_SWEEP_GRACE", default_value = "2m", value_parser = parse_duration_arg)]
+    pub sweep_grace: Duration,
+
+    /// Bytes of a response body kept in the delivery log.
+    #[arg(long, env = "TOCSIN_RESPONSE_BODY_LIMIT", value_name = "TOCSIN_RESPONSE_BODY_LIMIT", default_value_t = 64 * 1024)]
+    pub response_body_limit: usize,
+}
+
+impl Config {
+    /// Settings for a test: port 0, loopback targets allowed, a fast sweeper.
+    pub fn for_tests(common: CommonConfig) -> Self {
+        Config {
+            common,
+            addr: "127.0.0.1:0".into(),
+            allowed_targets: TargetPolicy::parse("127.0.0.0/8,::1/128").expect("valid CIDRs"),
+            concurrency: 32,
+            fanout_prefetch: 8,
+            sweep_interval: Duration::from_millis(500),
+            sweep_grace: Duration::from_secs(2),
+            response_body_limit: 64 * 1024,
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Dispatcher metrics (docs/operations.md lists them all).
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
+use tocsin_web::metrics::LATENCY_BUCKETS;
+
+#[derive(Clone)]
+pub(crate) struct DispatcherMetrics {
+    pub attempts: IntCounterVec,
+    pub attempt_duration: HistogramVec,
+    pub in_flight: IntGauge,
+    pub lag: Histogram,
+    pub deliveries_created: IntCounter,
+    pub deliveries_finished: IntCounterVec,
+    pub parked: IntCounterVec,
+    pub swept: IntCounter,
+}
+
+impl DispatcherMetrics {
+    pub fn new(registry: &Registry) -> anyhow::Result<Self> {
+        let attempts = IntCounterVec::new(
+            Opts::new(
+                "tocsin_dispatcher_attempts_total",
+                "Delivery attempts made, by outcome (success, failure), error kind (none when it succeeded) and trigger.",
+            ),
+            &["outcome", "error", "trigger"],
+        )?;
+        let attempt_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "tocsin_dispatcher_attempt_duration_seconds",
+                "Time from the start of an attempt to the target's answer (or failure), by outcome.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["outcome"],
+        )?;
+        let in_flight = IntGauge::new(
+            "tocsin_dispatcher_in_flight",
+            "Attempts under way in this dispatcher.",
+        )?;
+        let lag = Histogram::with_opts(
+            HistogramOpts::new(
+                "tocsin_dispatcher_event_lag_seconds",
+                "Time from an event to the start of the first attempt of each of its deliveries.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+        )?;
+        let deliveries_created = IntCounter::new(
+            "tocsin_dispatcher_deliveries_created_total",
+            "Deliveries created by fan-out (one per subscribed webhook per event).",
+        )?;
+        let deliveries_finished = IntCounterVec::new(
+            Opts::new(
+                "tocsin_dispatcher_deliveries_finished_total",
+                "Deliveries that reached a final state through an attempt, by state (succeeded, failed).",
+            ),
+            &["state"],
+        )?;
+        let parked = IntCounterVec::new(
+            Opts::new(
+                "tocsin_dispatcher_parked_total",
+                "Messages moved to the parking queue, by queue (fanout, deliveries).",
+            ),
+            &["queue"],
+        )?;
+        let swept = IntCounter::new(
+            "tocsin_dispatcher_swept_total",
+            "Overdue deliveries re-enqueued by the sweeper.",
+        )?;
+        registry.register(Box::new(attempts.clone()))?;
+        registry.register(Box::new(attempt_duration.clone()))?;
+        registry.register(Box::new(in_flight.clone()))?;
+        registry.register(Box::new(lag.clone()))?;
+        registry.register(Box::new(deliveries_created.clone()))?;
+        registry.register(Box::new(deliveries_finished.clone()))?;
+        registry.register(Box::new(parked.clone()))?;
+        registry.register(Box::new(swept.clone()))?;
+        Ok(DispatcherMetrics {
+            attempts,
+            attempt_duration,
+            in_flight,
+            lag,
+            deliveries_created,
+            deliveries_finished,
+            parked,
+            swept,
+        })
+    }
+}

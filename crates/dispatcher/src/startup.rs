@@ -1,0 +1,301 @@
+//! Building the dispatcher: its shared context, the two consumers, the sweeper and the health
+//! and metrics server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::{web, HttpServer};
+use anyhow::Context as _;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use prometheus::Registry;
+use tocsin_domain::amqp::messages::{
+    DeliveryMessage, Trigger, ATTEMPT_HEADER, PARKED_REASON_HEADER, TRIGGER_HEADER,
+};
+use tocsin_domain::amqp::topology::DELIVERY_ROUTING_KEY;
+use tocsin_domain::amqp::{run_consumer, string_header, Broker, ConsumerOptions, Outgoing};
+use tocsin_domain::db::{self, DbError, DbPool};
+use tocsin_domain::RetrySchedule;
+use tocsin_web::{health, metrics, Background, HttpMetrics, Readiness, Service};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::metrics::DispatcherMetrics;
+use crate::ssrf::{GuardedResolver, TargetPolicy};
+
+/// The running dispatcher.
+pub type App = Service;
+
+/// Runs `$body` (an async block using `$conn: &mut AsyncPgConnection`) on a pooled connection,
+/// waiting out transient database failures; evaluates to `Result<T, Outcome>`.
+macro_rules! with_db {
+    ($ctx:expr, |$conn:ident| $body:expr) => {{
+        let mut backoff = std::time::Duration::from_millis(100);
+        loop {
+            let result = match $ctx.pool.get().await {
+                Ok(mut guard) => {
+                    let $conn: &mut diesel_async::AsyncPgConnection = &mut guard;
+                    $body.await
+                }
+                Err(error) => Err(tocsin_domain::db::DbError::from(error)),
+            };
+            match $ctx.judge(result, &mut backoff).await {
+                Ok(value) => break Ok(value),
+                Err(Some(outcome)) => break Err(outcome),
+                Err(None) => continue,
+            }
+        }
+    }};
+}
+pub(crate) use with_db;
+
+/// What a handler decided about its message.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Processed: ack.
+    Done,
+    /// Cannot be processed: move to the parking queue with this reason, then ack.
+    Park(String),
+    /// Not processed now (stopping, or the broker refused a follow-up): return to the queue.
+    Requeue,
+}
+
+/// What every handler shares.
+pub(crate) struct Context {
+    pub pool: DbPool,
+    pub broker: Broker,
+    pub schedule: RetrySchedule,
+    pub client: reqwest::Client,
+    pub policy: Arc<TargetPolicy>,
+    pub metrics: DispatcherMetrics,
+    pub response_limit: usize,
+    pub cancel: CancellationToken,
+}
+
+impl Context {
+    /// A message asking for automatic attempt `attempt` of a delivery, now.
+    pub fn attempt_message(&self, delivery_id: Uuid, attempt: i32) -> Outgoing {
+        Outgoing {
+            exchange: self.broker.topology().deliveries_exchange(),
+            routing_key: DELIVERY_ROUTING_KEY.to_owned(),
+            body: DeliveryMessage { delivery_id }.to_bytes(),
+            headers: attempt_headers(attempt),
+        }
+    }
+
+    /// A message asking for automatic attempt `attempt` after `delay`, through the retry queue
+    /// of that delay (or at once for a zero delay).
+    pub fn retry_message(&self, delivery_id: Uuid, attempt: i32, delay: Duration) -> Outgoing {
+        if delay.is_zero() {
+            return self.attempt_message(delivery_id, attempt);
+        }
+        Outgoing {
+            exchange: String::new(),
+            routing_key: self.broker.topology().retry_queue(delay),
+            body: DeliveryMessage { delivery_id }.to_bytes(),
+            headers: attempt_headers(attempt),
+        }
+    }
+
+    /// Judges the result of a database operation run by [`with_db!`]: a value, a permanent
+    /// failure (`Park`), a stop while waiting (`Requeue`), or `None` to try again after a
+    /// backoff (PostgreSQL restarting).
+    pub async fn judge<T>(
+        &self,
+        result: Result<T, DbError>,
+        backoff: &mut Duration,
+    ) -> Result<T, Option<Outcome>> {
+        match result {
+            Ok(value) => Ok(value),
+            Err(DbError::NotFound) => Err(Some(Outcome::Park("not found in the database".into()))),
+            Err(error) if !error.is_transient() => Err(Some(Outcome::Park(error.to_string()))),
+            Err(error) => {
+                tracing::warn!(%error, "database unavailable; waiting");
+                tokio::select! {
+                    _ = self.cancel.cancelled() => return Err(Some(Outcome::Requeue)),
+                    _ = tokio::time::sleep(*backoff) => {}
+                }
+                *backoff = (*backoff * 2).min(Duration::from_secs(5));
+                Err(None)
+            }
+        }
+    }
+
+    /// Acks, parks or requeues a message.
+    pub async fn finish(&self, message: Delivery, outcome: Outcome, queue: &'static str) {
+        let acked = match outcome {
+            Outcome::Done => message.ack(BasicAckOptions::default()).await.map(|_| ()),
+            Outcome::Park(reason) => {
+                tracing::error!(queue, %reason, "parking a message that cannot be processed");
+                let mut headers = message.properties.headers().clone().unwrap_or_default();
+                headers.insert(
+                    ShortString::from(PARKED_REASON_HEADER),
+                    string_header(&reason),
+                );
+                let parked = self
+                    .broker
+                    .publish(Outgoing {
+                        exchange: self.broker.topology().parking_exchange(),
+                        routing_key: String::new(),
+                        body: message.data.clone(),
+                        headers,
+                    })
+                    .await;
+                match parked {
+                    Ok(()) => {
+                        self.metrics.parked.with_label_values(&[queue]).inc();
+                        message.ack(BasicAckOptions::default()).await.map(|_| ())
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "could not park; returning the message");
+                        message
+                            .nack(BasicNackOptions {
+                                requeue: true,
+                                ..BasicNackOptions::default()
+                            })
+                            .await
+                            .map(|_| ())
+                    }
+                }
+            }
+            Outcome::Requeue => message
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                })
+                .await
+                .map(|_| ()),
+        };
+        if let Err(error) = acked {
+            // The channel is gone: the broker redelivers the message on its own.
+            tracing::debug!(%error, "could not settle a message; the broker will redeliver it");
+        }
+    }
+}
+
+fn attempt_headers(attempt: i32) -> FieldTable {
+    let mut headers = FieldTable::default();
+    headers.insert(
+        ATTEMPT_HEADER.into(),
+        AMQPValue::LongLongInt(i64::from(attempt)),
+    );
+    headers.insert(
+        TRIGGER_HEADER.into(),
+        string_header(Trigger::Automatic.as_str()),
+    );
+    headers
+}
+
+/// The HTTP client of every attempt: no redirects, no proxy, the SSRF-guarded resolver,
+/// pooled keep-alive connections per target.
+fn http_client(policy: Arc<TargetPolicy>) -> anyhow::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .user_agent(concat!("Tocsin/", env!("CARGO_PKG_VERSION")))
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(Arc::new(GuardedResolver::new(policy)))
+        .connect_timeout(Duration::from_secs(10))
+        .pool_idle_timeout(Duration::from_secs(60))
+        .tcp_nodelay(true)
+        .build()
+        .context("building the HTTP client")
+}
+
+/// Migrates the database, then builds the dispatcher.
+pub async fn build(config: Config) -> anyhow::Result<App> {
+    let common = &config.common;
+    common.warn_if_schedule_shortened();
+    db::migrate(&common.database_url)
+        .await
+        .context("DATABASE_URL: migrating the database")?;
+    let pool = common.pool()?;
+    let broker = common.broker("dispatcher");
+    let registry = Registry::new();
+    let http_metrics = HttpMetrics::new(&registry)?;
+    let policy = Arc::new(config.allowed_targets.clone());
+    let mut background = Background::new();
+    let context = Arc::new(Context {
+        pool: pool.clone(),
+        broker: broker.clone(),
+        schedule: common.retry_delays.clone(),
+        client: http_client(policy.clone())?,
+        policy,
+        metrics: DispatcherMetrics::new(&registry)?,
+        response_limit: config.response_body_limit,
+        cancel: background.token(),
+    });
+
+    let readiness = Readiness {
+        pool,
+        broker: broker.clone(),
+    };
+    let listener = tocsin_web::service::bind(&config.addr, "TOCSIN_DISPATCHER_ADDR")?;
+    let port = listener.local_addr()?.port();
+    let server = HttpServer::new(move || {
+        actix_web::App::new()
+            .wrap_fn(metrics::middleware(http_metrics.clone()))
+            .configure(|cfg| health::configure(cfg, readiness.clone()))
+            .configure(|cfg| metrics::configure(cfg, http_metrics.clone()))
+            .default_service(web::to(tocsin_web::error::not_found))
+    })
+    .disable_signals()
+    .workers(1)
+    .shutdown_timeout(2)
+    .listen(listener)?
+    .run();
+
+    let instance = format!("{}-{}", std::process::id(), Uuid::now_v7().simple());
+    let topology = broker.topology().clone();
+    {
+        let ctx = context.clone();
+        background.spawn(
+            "fanout-consumer",
+            run_consumer(
+                broker.clone(),
+                ConsumerOptions {
+                    queue: topology.fanout_queue(),
+                    prefetch: config.fanout_prefetch,
+                    tag: format!("tocsin-dispatcher-fanout-{instance}"),
+                    drain_timeout: common.shutdown_timeout,
+                },
+                background.token(),
+                move |message| crate::fanout::handle_event(ctx.clone(), message),
+            ),
+        );
+    }
+    {
+        let ctx = context.clone();
+        background.spawn(
+            "delivery-consumer",
+            run_consumer(
+                broker.clone(),
+                ConsumerOptions {
+                    queue: topology.delivery_queue(),
+                    prefetch: config.concurrency,
+                    tag: format!("tocsin-dispatcher-deliveries-{instance}"),
+                    drain_timeout: common.shutdown_timeout,
+                },
+                background.token(),
+                move |message| crate::deliver::handle_delivery(ctx.clone(), message),
+            ),
+        );
+    }
+    background.spawn(
+        "sweeper",
+        crate::sweeper::run(
+            context,
+            config.sweep_interval,
+            config.sweep_grace,
+            background.token(),
+        ),
+    );
+    Ok(Service::new(
+        "dispatcher",
+        server,
+        port,
+        background,
+        common.shutdown_timeout,
+    ))
+}
