@@ -10,12 +10,14 @@
 
 mod broker;
 mod database;
+mod process;
 mod proxy;
 mod receiver;
 mod wait;
 
 pub use broker::{amqp_url, management_api, TestPrefix};
 pub use database::{database_server_url, TestDb};
+pub use process::{free_port, ServiceProcess};
 pub use proxy::TcpProxy;
 pub use receiver::{Behavior, Received, Receiver};
 pub use wait::{wait_for, wait_until};

@@ -1,0 +1,85 @@
+//! Tocsin's binaries as real processes, for tests of signals, crashes and restarts.
+
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+/// A port that was free a moment ago (for processes that must be told their port).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A running service binary; killed when dropped.
+pub struct ServiceProcess {
+    child: Child,
+    pub name: String,
+}
+
+impl ServiceProcess {
+    /// Starts `binary` with `env` (added to a cleared environment but for `PATH` and `HOME`),
+    /// its output going to the test's output.
+    pub fn spawn(binary: &str, env: &[(&str, String)]) -> ServiceProcess {
+        let mut command = Command::new(binary);
+        command.env_clear();
+        for keep in ["PATH", "HOME", "RUST_LOG"] {
+            if let Ok(value) = std::env::var(keep) {
+                command.env(keep, value);
+            }
+        }
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let child = command
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {binary}: {e}"));
+        ServiceProcess {
+            child,
+            name: binary.rsplit('/').next().unwrap_or(binary).to_owned(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -{signal} {} failed", self.pid());
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends SIGKILL and reaps the process.
+    pub fn kill(mut self) {
+        self.signal("KILL");
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to exit, up to `deadline`.
+    pub async fn wait_exit(&mut self, deadline: Duration) -> ExitStatus {
+        crate::wait_for(&format!("{} to exit", self.name), deadline, || {
+            let status = self.child.try_wait().expect("polling the child");
+            async move { status }
+        })
+        .await
+    }
+}
+
+impl Drop for ServiceProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
