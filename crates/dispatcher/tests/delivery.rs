@@ -651,3 +651,48 @@ async fn rotated_secrets_sign_with_both_during_the_grace_period() {
     ));
     harness.stop().await;
 }
+
+#[tokio::test]
+async fn readyz_reports_each_server_it_cannot_reach() {
+    let pg = tocsin_testkit::TcpProxy::start("127.0.0.1:5432").await;
+    let mq = tocsin_testkit::TcpProxy::start("127.0.0.1:5672").await;
+    let mut harness = Harness::without_dispatcher("0s").await;
+    let database_url = harness
+        .db
+        .url
+        .replace("127.0.0.1:5432", &format!("127.0.0.1:{}", pg.port()));
+    let amqp = format!("amqp://guest:guest@127.0.0.1:{}/%2f", mq.port());
+    let port = harness
+        .add_dispatcher(|config| {
+            config.common.database_url = database_url;
+            config.common.amqp_url = amqp;
+        })
+        .await;
+    let readyz = || async move {
+        let response = reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
+            .await
+            .unwrap();
+        (
+            response.status().as_u16(),
+            response.json::<serde_json::Value>().await.unwrap(),
+        )
+    };
+    assert_eq!(readyz().await.0, 200);
+    pg.cut();
+    let (status, body) = readyz().await;
+    assert_eq!(status, 503);
+    assert_ne!(body["checks"]["postgres"], "ok");
+    assert_eq!(body["checks"]["rabbitmq"], "ok");
+    pg.restore();
+    mq.cut();
+    let (status, body) = readyz().await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["checks"]["postgres"], "ok");
+    assert_ne!(body["checks"]["rabbitmq"], "ok");
+    mq.restore();
+    wait_until("ready again", DEADLINE, || async {
+        readyz().await.0 == 200
+    })
+    .await;
+    harness.stop().await;
+}

@@ -13,6 +13,7 @@ mod database;
 mod process;
 mod proxy;
 mod receiver;
+pub mod servers;
 mod wait;
 
 pub use broker::{amqp_url, management_api, TestPrefix};

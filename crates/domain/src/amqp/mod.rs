@@ -143,9 +143,21 @@ impl Broker {
         }
     }
 
-    /// Readiness: connects if needed and reports whether the broker is reachable.
+    /// Readiness: proves the broker answers with a round trip (opening and closing a channel),
+    /// reconnecting once if the connection it had turns out to be dead.
     pub async fn check(&self) -> Result<(), BrokerError> {
-        self.live().await.map(|_| ())
+        let live = self.live().await?;
+        let round_trip = async {
+            let channel = live.connection.create_channel().await?;
+            channel.close(200, ShortString::from("readiness")).await
+        };
+        match tokio::time::timeout(CONNECT_TIMEOUT, round_trip).await {
+            Ok(Ok(())) => Ok(()),
+            _ => {
+                self.invalidate(&live).await;
+                self.live().await.map(|_| ())
+            }
+        }
     }
 
     /// Publishes one message and waits for its confirm.
