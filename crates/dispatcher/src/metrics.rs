@@ -1,7 +1,8 @@
 //! Dispatcher metrics (docs/operations.md lists them all).
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 use tocsin_web::metrics::LATENCY_BUCKETS;
 
@@ -15,6 +16,8 @@ pub(crate) struct DispatcherMetrics {
     pub deliveries_finished: IntCounterVec,
     pub parked: IntCounterVec,
     pub swept: IntCounter,
+    pub queue_messages: IntGaugeVec,
+    pub unfinished: IntGaugeVec,
 }
 
 impl DispatcherMetrics {
@@ -67,6 +70,22 @@ impl DispatcherMetrics {
             "tocsin_dispatcher_swept_total",
             "Overdue deliveries re-enqueued by the sweeper.",
         )?;
+        let queue_messages = IntGaugeVec::new(
+            Opts::new(
+                "tocsin_queue_messages",
+                "Messages waiting in each RabbitMQ queue of the topology (fan-out, deliveries, each retry delay, parking).",
+            ),
+            &["queue"],
+        )?;
+        let unfinished = IntGaugeVec::new(
+            Opts::new(
+                "tocsin_deliveries_unfinished",
+                "Deliveries not yet finished, by state (pending, retrying), counted in PostgreSQL.",
+            ),
+            &["state"],
+        )?;
+        registry.register(Box::new(queue_messages.clone()))?;
+        registry.register(Box::new(unfinished.clone()))?;
         registry.register(Box::new(attempts.clone()))?;
         registry.register(Box::new(attempt_duration.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
@@ -84,6 +103,42 @@ impl DispatcherMetrics {
             deliveries_finished,
             parked,
             swept,
+            queue_messages,
+            unfinished,
         })
+    }
+}
+
+/// Refreshes the queue-depth and backlog gauges every `interval` until cancelled.
+pub(crate) async fn refresh_gauges(
+    ctx: std::sync::Arc<crate::startup::Context>,
+    interval: std::time::Duration,
+    cancel: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        if let Ok(depths) = ctx.broker.queue_depths().await {
+            let prefix = format!("{}.", ctx.broker.topology().prefix());
+            for (queue, depth) in depths {
+                let short = queue.strip_prefix(&prefix).unwrap_or(&queue).to_owned();
+                ctx.metrics
+                    .queue_messages
+                    .with_label_values(&[&short])
+                    .set(i64::from(depth));
+            }
+        }
+        if let Ok(mut conn) = ctx.pool.get().await {
+            if let Ok(counts) = tocsin_domain::db::deliveries::count_unfinished(&mut conn).await {
+                for (state, n) in counts {
+                    ctx.metrics
+                        .unfinished
+                        .with_label_values(&[state.as_str()])
+                        .set(n);
+                }
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
     }
 }

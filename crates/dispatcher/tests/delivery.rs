@@ -696,3 +696,25 @@ async fn readyz_reports_each_server_it_cannot_reach() {
     .await;
     harness.stop().await;
 }
+
+#[tokio::test]
+async fn metrics_show_queue_depths_and_the_unfinished_backlog() {
+    let harness = Harness::start("0s,1m").await;
+    let port = harness.dispatchers[0].port;
+    let metrics = || async move {
+        reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    wait_until("queue gauges", DEADLINE, || async {
+        let text = metrics().await;
+        text.contains(r#"tocsin_queue_messages{queue="deliveries"} 0"#)
+            && text.contains(r#"tocsin_queue_messages{queue="retry.1m"} 0"#)
+            && text.contains(r#"tocsin_deliveries_unfinished{state="retrying"} 0"#)
+    })
+    .await;
+    harness.stop().await;
+}

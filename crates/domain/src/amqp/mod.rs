@@ -250,6 +250,32 @@ impl Broker {
         Ok(opened?)
     }
 
+    /// Messages waiting in each of the topology's queues (ready, not yet delivered to a
+    /// consumer), read with passive declares. A queue that cannot be read is left out.
+    pub async fn queue_depths(&self) -> Result<Vec<(String, u32)>, BrokerError> {
+        let live = self.live().await?;
+        let mut depths = Vec::new();
+        for queue in self.inner.topology.queues() {
+            // A failed passive declare closes its channel: one channel per queue.
+            let channel = live.connection.create_channel().await?;
+            let declared = channel
+                .queue_declare(
+                    ShortString::from(queue.as_str()),
+                    lapin::options::QueueDeclareOptions {
+                        passive: true,
+                        ..lapin::options::QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await;
+            if let Ok(declared) = declared {
+                depths.push((queue, declared.message_count()));
+                let _ = channel.close(200, ShortString::from("depth read")).await;
+            }
+        }
+        Ok(depths)
+    }
+
     /// A fresh channel on the live connection (for tests and tools).
     pub async fn channel(&self) -> Result<Channel, BrokerError> {
         let live = self.live().await?;

@@ -431,6 +431,25 @@ pub async fn claim_overdue(
     .await
 }
 
+/// How many deliveries are in each unfinished state (`pending`, `retrying`).
+pub async fn count_unfinished(
+    conn: &mut AsyncPgConnection,
+) -> Result<Vec<(DeliveryState, i64)>, DbError> {
+    let rows: Vec<(String, i64)> = deliveries::table
+        .filter(deliveries::state.eq_any(["pending", "retrying"]))
+        .group_by(deliveries::state)
+        .select((deliveries::state, diesel::dsl::count_star()))
+        .load(conn)
+        .await?;
+    let mut counts = vec![(DeliveryState::Pending, 0), (DeliveryState::Retrying, 0)];
+    for (state, n) in rows {
+        if let Some(slot) = counts.iter_mut().find(|(s, _)| s.as_str() == state) {
+            slot.1 = n;
+        }
+    }
+    Ok(counts)
+}
+
 /// Filters of the delivery log.
 #[derive(Debug, Clone, Default)]
 pub struct DeliveryFilter {
