@@ -9,6 +9,8 @@
 //! | `TOCSIN_SWEEP_INTERVAL` | `30s` | how often the sweeper looks for overdue deliveries |
 //! | `TOCSIN_SWEEP_GRACE` | `2m` | how overdue a delivery must be before the sweeper re-enqueues it |
 //! | `TOCSIN_RESPONSE_BODY_LIMIT` | `65536` | bytes of a target's response body kept in the log |
+//! | `TOCSIN_RETENTION` | `30d` | finished deliveries, their attempts and events older than this are deleted |
+//! | `TOCSIN_PRUNE_INTERVAL` | `1h` | how often the dispatcher prunes (0s: never) |
 
 use std::time::Duration;
 
@@ -59,6 +61,14 @@ pub struct Config {
     /// Bytes of a response body kept in the delivery log.
     #[arg(long, env = "TOCSIN_RESPONSE_BODY_LIMIT", value_name = "TOCSIN_RESPONSE_BODY_LIMIT", default_value_t = 64 * 1024)]
     pub response_body_limit: usize,
+
+    /// Finished deliveries, their attempts and unreferenced events older than this are deleted.
+    #[arg(long, env = "TOCSIN_RETENTION", value_name = "TOCSIN_RETENTION", default_value = "30d", value_parser = parse_duration_arg)]
+    pub retention: Duration,
+
+    /// How often the dispatcher prunes (0s turns pruning off in this dispatcher).
+    #[arg(long, env = "TOCSIN_PRUNE_INTERVAL", value_name = "TOCSIN_PRUNE_INTERVAL", default_value = "1h", value_parser = parse_duration_arg)]
+    pub prune_interval: Duration,
 }
 
 impl Config {
@@ -73,6 +83,8 @@ impl Config {
             sweep_interval: Duration::from_millis(500),
             sweep_grace: Duration::from_secs(2),
             response_body_limit: 64 * 1024,
+            retention: Duration::from_secs(30 * 86_400),
+            prune_interval: Duration::ZERO,
         }
     }
 }

@@ -291,6 +291,15 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         ),
     );
     background.spawn(
+        "prune",
+        crate::sweeper::prune(
+            context.clone(),
+            config.prune_interval,
+            config.retention,
+            background.token(),
+        ),
+    );
+    background.spawn(
         "sweeper",
         crate::sweeper::run(
             context,

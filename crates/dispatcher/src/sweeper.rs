@@ -55,3 +55,33 @@ pub(crate) async fn sweep_once(ctx: &Context, grace: Duration) -> anyhow::Result
         }
     }
 }
+
+/// Prunes old data every `interval` (DESIGN: retention), logging what it removed.
+pub(crate) async fn prune(
+    ctx: Arc<Context>,
+    interval: Duration,
+    retention: Duration,
+    cancel: CancellationToken,
+) {
+    if interval.is_zero() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        let now = time::OffsetDateTime::now_utc();
+        let keep = time::Duration::try_from(retention).unwrap_or(time::Duration::days(30));
+        let outbox_keep = keep.min(time::Duration::DAY);
+        let result = async {
+            let mut conn = ctx.pool.get().await.map_err(DbError::from)?;
+            tocsin_domain::db::retention::prune(&mut conn, now - keep, now - outbox_keep).await
+        }
+        .await;
+        match result {
+            Ok(pruned) => tracing::info!(?pruned, "pruned data past retention"),
+            Err(error) => tracing::warn!(%error, "pruning failed; will retry"),
+        }
+    }
+}

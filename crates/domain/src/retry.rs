@@ -101,7 +101,7 @@ impl fmt::Display for RetrySchedule {
     }
 }
 
-/// Parses `500ms`, `30s`, `5m`, `2h`.
+/// Parses `500ms`, `30s`, `5m`, `2h`, `30d`.
 pub fn parse_duration(text: &str) -> Result<Duration, InvalidSchedule> {
     let invalid = || InvalidSchedule::Delay(text.to_owned());
     let split = text
@@ -114,6 +114,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, InvalidSchedule> {
         "s" => value.checked_mul(1_000),
         "m" => value.checked_mul(60_000),
         "h" => value.checked_mul(3_600_000),
+        "d" => value.checked_mul(86_400_000),
         _ => None,
     }
     .ok_or_else(invalid)?;
@@ -187,9 +188,13 @@ mod tests {
             Err(InvalidSchedule::Count)
         );
         assert!(matches!(
-            "0s,1d".parse::<RetrySchedule>(),
+            "0s,1w".parse::<RetrySchedule>(),
             Err(InvalidSchedule::Delay(_))
         ));
+        assert_eq!(
+            "0s,2d".parse::<RetrySchedule>(),
+            Err(InvalidSchedule::TooLong)
+        );
         assert!(matches!(
             "0s,m".parse::<RetrySchedule>(),
             Err(InvalidSchedule::Delay(_))

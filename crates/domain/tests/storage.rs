@@ -199,3 +199,91 @@ async fn ping_reports_an_unreachable_database() {
     let error = db::ping(&pool, Duration::from_secs(2)).await.unwrap_err();
     assert!(error.is_unavailable(), "{error}");
 }
+
+#[tokio::test]
+async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
+    use tocsin_domain::db::deliveries::{self as repo};
+    use tocsin_domain::db::retention;
+    use tocsin_domain::db::webhooks::{self, NewWebhook};
+    use tocsin_domain::{RetrySettings, TargetUrl, WebhookName};
+
+    let db = TestDb::new().await;
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let webhook = webhooks::create(
+        &mut conn,
+        &NewWebhook {
+            name: WebhookName::parse("r").unwrap(),
+            url: TargetUrl::parse("https://example.com/").unwrap(),
+            events: EventKind::ALL.into_iter().collect(),
+            retry: RetrySettings::default(),
+            enabled: true,
+        },
+    )
+    .await
+    .unwrap();
+    let mut delivery_ids = Vec::new();
+    for i in 0..5 {
+        let outcome =
+            incidents::apply_signals(&mut conn, &[signal(&format!("r{i}"), AlertAction::Trigger)])
+                .await
+                .unwrap();
+        let event = &outcome[0].events[0];
+        delivery_ids.extend(
+            repo::create_for_event(
+                &mut conn,
+                event.id,
+                event.kind,
+                event.incident_id,
+                &[webhook.id],
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    // Three old finished deliveries, one old unfinished, one recent finished.
+    let set = |state: &str, age_days: i32, id: uuid::Uuid| {
+        diesel::sql_query(format!(
+            "UPDATE deliveries SET state = '{state}', updated_at = now() - interval '{age_days} days' WHERE id = $1"
+        ))
+        .bind::<diesel::sql_types::Uuid, _>(id)
+    };
+    for (state, age, id) in [
+        ("succeeded", 40, delivery_ids[0]),
+        ("failed", 40, delivery_ids[1]),
+        ("succeeded", 31, delivery_ids[2]),
+        ("retrying", 40, delivery_ids[3]),
+        ("succeeded", 2, delivery_ids[4]),
+    ] {
+        set(state, age, id).execute(&mut conn).await.unwrap();
+    }
+    diesel::sql_query("UPDATE events SET occurred_at = now() - interval '40 days'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    diesel::sql_query("UPDATE outbox SET published_at = now() - interval '2 days'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let pruned = retention::prune(
+        &mut conn,
+        now - time::Duration::days(30),
+        now - time::Duration::DAY,
+    )
+    .await
+    .unwrap();
+    assert_eq!(pruned.deliveries, 3);
+    assert_eq!(pruned.events, 3, "events of the pruned deliveries go too");
+    assert_eq!(pruned.outbox, 5);
+    for kept in [delivery_ids[3], delivery_ids[4]] {
+        assert!(repo::get(&mut conn, kept).await.is_ok());
+    }
+    let again = retention::prune(
+        &mut conn,
+        now - time::Duration::days(30),
+        now - time::Duration::DAY,
+    )
+    .await
+    .unwrap();
+    assert_eq!(again, retention::Pruned::default());
+}

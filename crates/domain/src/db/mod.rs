@@ -4,6 +4,7 @@
 pub mod deliveries;
 pub mod incidents;
 pub mod outbox;
+pub mod retention;
 pub mod schema;
 pub mod tokens;
 pub mod webhooks;

@@ -1,0 +1,82 @@
+//! Data lifecycle: finished deliveries (with their attempts), events no delivery refers to any
+//! more and published outbox rows are deleted once older than the retention period. Deletes run
+//! in small batches, each its own short statement that skips locked rows, so the hot tables are
+//! never locked for long.
+
+use diesel::sql_types::{BigInt, Timestamptz};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use serde::Serialize;
+use time::OffsetDateTime;
+
+use super::DbError;
+
+/// Rows deleted per statement.
+pub const BATCH: i64 = 1000;
+
+/// How many rows a prune removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Pruned {
+    pub deliveries: usize,
+    pub events: usize,
+    pub outbox: usize,
+}
+
+/// Deletes what is older than `cutoff` (published outbox rows older than `outbox_cutoff`),
+/// batch by batch, until nothing is left.
+pub async fn prune(
+    conn: &mut AsyncPgConnection,
+    cutoff: OffsetDateTime,
+    outbox_cutoff: OffsetDateTime,
+) -> Result<Pruned, DbError> {
+    let mut pruned = Pruned::default();
+    // Attempts go with their delivery (ON DELETE CASCADE).
+    pruned.deliveries = batches(
+        conn,
+        cutoff,
+        "DELETE FROM deliveries WHERE id IN (
+            SELECT id FROM deliveries
+            WHERE state IN ('succeeded', 'failed') AND updated_at < $1
+            LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    )
+    .await?;
+    pruned.events = batches(
+        conn,
+        cutoff,
+        "DELETE FROM events WHERE id IN (
+            SELECT e.id FROM events e
+            WHERE e.occurred_at < $1
+              AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.id)
+              AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.published_at IS NULL)
+            LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    )
+    .await?;
+    pruned.outbox = batches(
+        conn,
+        outbox_cutoff,
+        "DELETE FROM outbox WHERE id IN (
+            SELECT id FROM outbox
+            WHERE published_at IS NOT NULL AND published_at < $1
+            LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    )
+    .await?;
+    Ok(pruned)
+}
+
+async fn batches(
+    conn: &mut AsyncPgConnection,
+    cutoff: OffsetDateTime,
+    statement: &str,
+) -> Result<usize, DbError> {
+    let mut total = 0;
+    loop {
+        let deleted = diesel::sql_query(statement)
+            .bind::<Timestamptz, _>(cutoff)
+            .bind::<BigInt, _>(BATCH)
+            .execute(conn)
+            .await?;
+        total += deleted;
+        if deleted < BATCH as usize {
+            return Ok(total);
+        }
+    }
+}
