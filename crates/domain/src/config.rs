@@ -136,6 +136,38 @@ pub fn parse_duration_arg(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| e.to_string())
 }
 
+/// Parses a binary's settings from flags and the environment. A missing or invalid setting
+/// stops the process with one line naming it (exit status 2); `--help` and `--version` print
+/// as usual.
+pub fn parse_or_exit<T: clap::Parser>(binary: &str) -> T {
+    match T::try_parse() {
+        Ok(config) => config,
+        Err(error) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                error.kind(),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+            ) {
+                error.exit();
+            }
+            let rendered = error.to_string();
+            let line = rendered
+                .lines()
+                .map(str::trim)
+                .filter(|l| {
+                    !l.is_empty()
+                        && !l.starts_with("For more information")
+                        && !l.starts_with("Usage:")
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
+            let line = line.strip_prefix("error: ").unwrap_or(&line);
+            eprintln!("{binary}: {line}");
+            std::process::exit(2);
+        }
+    }
+}
+
 /// Installs the tracing subscriber (`RUST_LOG`, default `info`). Safe to call more than once.
 pub fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

@@ -20,7 +20,7 @@ pub enum InvalidSchedule {
     #[error("the first delay must be 0s: the first attempt is immediate (SPEC §8)")]
     FirstNotImmediate,
     #[error(
-        "{0:?} is not a delay: use a whole number with ms, s, m or h (e.g. 500ms, 30s, 5m, 2h)"
+        "{0:?} is not a delay: use a whole number with ms, s, m, h or d (e.g. 500ms, 30s, 5m, 2h)"
     )]
     Delay(String),
     #[error("each delay must be at most 24h")]

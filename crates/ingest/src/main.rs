@@ -1,11 +1,10 @@
 use std::process::ExitCode;
 
-use clap::Parser;
 use tocsin_ingest::Config;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let config = Config::parse();
+    let config: Config = tocsin_domain::config::parse_or_exit("tocsin-ingest");
     tocsin_domain::config::init_tracing(config.common.log_format);
     let app = match tocsin_ingest::build(config).await {
         Ok(app) => app,

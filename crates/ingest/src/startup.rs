@@ -20,6 +20,7 @@ pub type App = Service;
 /// Migrates the database, then builds the service listening on `config.addr`.
 pub async fn build(config: Config) -> anyhow::Result<App> {
     let common = &config.common;
+    common.warn_if_schedule_shortened();
     db::migrate(&common.database_url)
         .await
         .context("DATABASE_URL: migrating the database")?;

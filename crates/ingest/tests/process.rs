@@ -40,8 +40,9 @@ fn an_invalid_setting_stops_it_with_a_line_naming_the_setting() {
         .env("TOCSIN_RETRY_DELAYS", "1m,5m")
         .output()
         .expect("running tocsin-ingest");
-    assert!(!output.status.success());
+    assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "one clear line: {stderr}");
     assert!(stderr.contains("TOCSIN_RETRY_DELAYS"), "{stderr}");
 
     let output = Command::new(BINARY)

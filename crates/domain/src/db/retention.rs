@@ -46,7 +46,10 @@ pub async fn prune(
             SELECT e.id FROM events e
             WHERE e.occurred_at < $1
               AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.id)
-              AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.published_at IS NULL)
+              AND NOT EXISTS (
+                  SELECT 1 FROM outbox o
+                  WHERE o.published_at IS NULL AND o.topic = 'event'
+                    AND convert_from(o.payload, 'UTF8')::jsonb ->> 'event_id' = e.id::text)
             LIMIT $2 FOR UPDATE SKIP LOCKED)",
     )
     .await?;
