@@ -1,1 +1,18 @@
-pub fn placeholder() {}
+//! `tocsin-admin`: how operators and their automation configure Tocsin and read what happened.
+//! A JSON API under `/api/v1` behind the admin token — outbound webhooks and their secrets, the
+//! delivery log with manual and bulk retry, incident status changes, inbound tokens — with its
+//! OpenAPI document, plus `token` subcommands for scripts. Writes that emit events or attempts
+//! go through the transactional outbox; the relay running here publishes them.
+
+mod auth;
+pub mod cli;
+mod config;
+mod error;
+pub mod openapi;
+mod routes;
+mod schema;
+mod startup;
+mod store;
+
+pub use config::{AdminToken, Cli, Command, Config, TokenAction, TokenArgs};
+pub use startup::{build, App};

@@ -1,1 +1,29 @@
-fn main() {}
+use std::process::ExitCode;
+
+use tocsin_admin::{Cli, Command};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli: Cli = tocsin_domain::config::parse_or_exit("tocsin-admin");
+    let result = match cli.into_command() {
+        Command::Serve(config) => {
+            tocsin_domain::config::init_tracing(config.common.log_format);
+            match tocsin_admin::build(config).await {
+                Ok(app) => app.run_until_stopped().await,
+                Err(error) => Err(error),
+            }
+        }
+        // No tracing here: stdout carries only the command's output.
+        Command::Token(args) => tocsin_admin::cli::run(args).await,
+        Command::Migrate(args) => tocsin_admin::cli::migrate(args).await,
+        Command::Deliveries(args) => tocsin_admin::cli::deliveries(args).await,
+        Command::Prune(args) => tocsin_admin::cli::prune(args).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tocsin-admin: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -98,14 +98,12 @@ async fn process(
         .observe(f64::from(attempt.duration_ms) / 1000.0);
 
     let (state, next_attempt_at) = next_state(
-        delivery.state,
+        delivery,
         trigger,
         attempt.success,
-        u8::try_from(auto_after).unwrap_or(u8::MAX),
         job.webhook.retry.max_attempts(),
         &ctx.schedule,
         OffsetDateTime::now_utc(),
-        delivery.next_attempt_at,
     );
     let expected = (trigger == Trigger::Automatic).then_some(delivery.auto_attempts);
     let recorded = with_db!(ctx, |conn| {

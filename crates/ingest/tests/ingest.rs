@@ -189,6 +189,17 @@ impl TestIngest {
     }
 }
 
+/// name, body, token, content type, query, expected status, expected field.
+type Case = (
+    &'static str,
+    String,
+    Option<String>,
+    &'static str,
+    &'static str,
+    StatusCode,
+    Option<&'static str>,
+);
+
 fn assert_spec_payload(body: &Value, event: &str, status: &str) {
     assert_eq!(body["event"], event);
     let timestamp = body["timestamp"].as_str().expect("timestamp is a string");
@@ -372,15 +383,7 @@ async fn every_refusal_answers_its_status_and_writes_nothing() {
     )
     .await;
     let good = r#"{"title":"t","dedup_key":"k"}"#;
-    let cases: Vec<(
-        &str,
-        String,
-        Option<String>,
-        &str,
-        &str,
-        StatusCode,
-        Option<&str>,
-    )> = vec![
+    let cases: Vec<Case> = vec![
         (
             "no token",
             good.into(),

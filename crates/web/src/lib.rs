@@ -3,6 +3,7 @@
 //! a service runner that stops gracefully on SIGTERM.
 
 pub mod auth;
+pub mod body;
 pub mod error;
 pub mod health;
 pub mod json;

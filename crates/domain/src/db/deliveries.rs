@@ -286,33 +286,35 @@ pub struct NewAttempt {
     pub response_truncated: bool,
 }
 
-/// The state a delivery moves to after an attempt, and when the next automatic attempt is due.
+/// The state a delivery moves to after an attempt, and when its next automatic attempt is due.
 ///
-/// `auto_attempts` counts automatic attempts made including this one when it is automatic.
+/// A failed automatic attempt with attempts left (the webhook's `max_attempts`, cut to the
+/// schedule's length) is `retrying` after the schedule's next delay; after the last it is
+/// `failed`. A manual attempt never restarts nor cuts short the automatic schedule.
 pub fn next_state(
-    current: DeliveryState,
+    delivery: &Delivery,
     trigger: Trigger,
     success: bool,
-    auto_attempts: u8,
     max_attempts: u8,
     schedule: &RetrySchedule,
     now: OffsetDateTime,
-    current_next: Option<OffsetDateTime>,
 ) -> (DeliveryState, Option<OffsetDateTime>) {
     if success {
         return (DeliveryState::Succeeded, None);
     }
     let allowed = max_attempts.min(schedule.attempts());
+    let made = u8::try_from(delivery.auto_attempts).unwrap_or(u8::MAX);
     match trigger {
-        Trigger::Automatic if auto_attempts < allowed => {
-            let delay = schedule.delay_before(auto_attempts + 1).unwrap_or_default();
+        Trigger::Automatic if made.saturating_add(1) < allowed => {
+            let delay = schedule.delay_before(made + 2).unwrap_or_default();
             let delay = time::Duration::try_from(delay).unwrap_or(time::Duration::ZERO);
             (DeliveryState::Retrying, Some(now + delay))
         }
         Trigger::Automatic => (DeliveryState::Failed, None),
-        // A manual attempt never restarts or cuts short the automatic schedule.
-        Trigger::Manual => match current {
-            DeliveryState::Pending | DeliveryState::Retrying => (current, current_next),
+        Trigger::Manual => match delivery.state {
+            DeliveryState::Pending | DeliveryState::Retrying => {
+                (delivery.state, delivery.next_attempt_at)
+            }
             DeliveryState::Succeeded | DeliveryState::Failed => (DeliveryState::Failed, None),
         },
     }
@@ -620,22 +622,37 @@ mod tests {
 
     const NOW: OffsetDateTime = datetime!(2026-11-22 00:00 UTC);
 
+    /// A delivery in `state` with `made` automatic attempts behind it.
+    fn delivery(state: DeliveryState, made: i32, next: Option<OffsetDateTime>) -> Delivery {
+        Delivery {
+            id: Uuid::nil(),
+            webhook_id: Uuid::nil(),
+            event_id: Uuid::nil(),
+            event: EventKind::IncidentOpened,
+            incident_id: Uuid::nil(),
+            state,
+            attempt_count: made,
+            auto_attempts: made,
+            next_attempt_at: next,
+            created_at: NOW,
+            updated_at: NOW,
+        }
+    }
+
     fn after(
-        current: DeliveryState,
+        state: DeliveryState,
+        made: i32,
         trigger: Trigger,
         success: bool,
-        auto: u8,
         max: u8,
     ) -> (DeliveryState, Option<OffsetDateTime>) {
         next_state(
-            current,
+            &delivery(state, made, None),
             trigger,
             success,
-            auto,
             max,
             &RetrySchedule::default(),
             NOW,
-            None,
         )
     }
 
@@ -643,15 +660,16 @@ mod tests {
     fn failed_automatic_attempts_follow_the_schedule_then_fail() {
         use time::Duration as D;
         let expected = [D::minutes(1), D::minutes(5), D::minutes(30), D::hours(2)];
-        for (made, delay) in (1u8..=4).zip(expected) {
+        for (made, delay) in (0..4).zip(expected) {
             assert_eq!(
-                after(DeliveryState::Pending, Trigger::Automatic, false, made, 5),
+                after(DeliveryState::Pending, made, Trigger::Automatic, false, 5),
                 (DeliveryState::Retrying, Some(NOW + delay)),
-                "after attempt {made}"
+                "after attempt {}",
+                made + 1
             );
         }
         assert_eq!(
-            after(DeliveryState::Retrying, Trigger::Automatic, false, 5, 5),
+            after(DeliveryState::Retrying, 4, Trigger::Automatic, false, 5),
             (DeliveryState::Failed, None)
         );
     }
@@ -659,11 +677,11 @@ mod tests {
     #[test]
     fn max_attempts_cuts_the_schedule_short() {
         assert_eq!(
-            after(DeliveryState::Retrying, Trigger::Automatic, false, 2, 2),
+            after(DeliveryState::Retrying, 1, Trigger::Automatic, false, 2),
             (DeliveryState::Failed, None)
         );
         assert_eq!(
-            after(DeliveryState::Pending, Trigger::Automatic, false, 1, 1),
+            after(DeliveryState::Pending, 0, Trigger::Automatic, false, 1),
             (DeliveryState::Failed, None)
         );
     }
@@ -672,7 +690,7 @@ mod tests {
     fn success_always_succeeds() {
         for trigger in [Trigger::Automatic, Trigger::Manual] {
             assert_eq!(
-                after(DeliveryState::Failed, trigger, true, 5, 5),
+                after(DeliveryState::Failed, 5, trigger, true, 5),
                 (DeliveryState::Succeeded, None)
             );
         }
@@ -682,22 +700,20 @@ mod tests {
     fn manual_attempts_do_not_touch_the_schedule() {
         let next = Some(NOW + time::Duration::minutes(3));
         let keep = next_state(
-            DeliveryState::Retrying,
+            &delivery(DeliveryState::Retrying, 2, next),
             Trigger::Manual,
             false,
-            2,
             5,
             &RetrySchedule::default(),
             NOW,
-            next,
         );
         assert_eq!(keep, (DeliveryState::Retrying, next));
         assert_eq!(
-            after(DeliveryState::Failed, Trigger::Manual, false, 5, 5),
+            after(DeliveryState::Failed, 5, Trigger::Manual, false, 5),
             (DeliveryState::Failed, None)
         );
         assert_eq!(
-            after(DeliveryState::Succeeded, Trigger::Manual, false, 1, 5),
+            after(DeliveryState::Succeeded, 1, Trigger::Manual, false, 5),
             (DeliveryState::Failed, None)
         );
     }

@@ -28,9 +28,8 @@ pub async fn prune(
     cutoff: OffsetDateTime,
     outbox_cutoff: OffsetDateTime,
 ) -> Result<Pruned, DbError> {
-    let mut pruned = Pruned::default();
     // Attempts go with their delivery (ON DELETE CASCADE).
-    pruned.deliveries = batches(
+    let deliveries = batches(
         conn,
         cutoff,
         "DELETE FROM deliveries WHERE id IN (
@@ -39,7 +38,7 @@ pub async fn prune(
             LIMIT $2 FOR UPDATE SKIP LOCKED)",
     )
     .await?;
-    pruned.events = batches(
+    let events = batches(
         conn,
         cutoff,
         "DELETE FROM events WHERE id IN (
@@ -53,7 +52,7 @@ pub async fn prune(
             LIMIT $2 FOR UPDATE SKIP LOCKED)",
     )
     .await?;
-    pruned.outbox = batches(
+    let outbox = batches(
         conn,
         outbox_cutoff,
         "DELETE FROM outbox WHERE id IN (
@@ -62,7 +61,11 @@ pub async fn prune(
             LIMIT $2 FOR UPDATE SKIP LOCKED)",
     )
     .await?;
-    Ok(pruned)
+    Ok(Pruned {
+        deliveries,
+        events,
+        outbox,
+    })
 }
 
 async fn batches(

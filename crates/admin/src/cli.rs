@@ -1,0 +1,165 @@
+//! The operator's command line: `tocsin-admin token ...` (inbound tokens, for bootstrapping and
+//! scripts), `migrate`, `deliveries failed|retry|recover` and `prune`. Only the token goes to
+//! stdout on `token create`, so `TOKEN=$(tocsin-admin token create --name x)` captures it;
+//! everything else a command says about itself goes to stderr.
+
+use std::io::Write;
+
+use anyhow::Context;
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use tocsin_domain::db::{self, tokens, DbError, Page};
+
+use crate::config::{
+    DeliveriesAction, DeliveriesArgs, MigrateArgs, PruneArgs, TokenAction, TokenArgs,
+};
+use crate::routes::tokens::parse_name;
+
+/// Migrates, then connects.
+async fn connect(url: &str) -> anyhow::Result<AsyncPgConnection> {
+    db::migrate(url)
+        .await
+        .context("DATABASE_URL: migrating the database")?;
+    AsyncPgConnection::establish(url)
+        .await
+        .with_context(|| format!("DATABASE_URL: connecting to {}", db::redact_url(url)))
+}
+
+/// `tocsin-admin migrate`.
+pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
+    let applied = db::migrate(&args.common.database_url)
+        .await
+        .context("DATABASE_URL: migrating the database")?;
+    eprintln!("applied {applied} migration(s); the database is up to date");
+    Ok(())
+}
+
+/// `tocsin-admin prune`.
+pub async fn prune(args: PruneArgs) -> anyhow::Result<()> {
+    let mut conn = connect(&args.common.database_url).await?;
+    let now = time::OffsetDateTime::now_utc();
+    let keep = time::Duration::try_from(args.retention).context("--retention: too long")?;
+    let pruned =
+        db::retention::prune(&mut conn, now - keep, now - keep.min(time::Duration::DAY)).await?;
+    eprintln!(
+        "pruned {} deliveries (with their attempts), {} events, {} outbox rows",
+        pruned.deliveries, pruned.events, pruned.outbox
+    );
+    Ok(())
+}
+
+/// `tocsin-admin deliveries ...`.
+pub async fn deliveries(args: DeliveriesArgs) -> anyhow::Result<()> {
+    use tocsin_domain::db::deliveries::{self as repo, DeliveryFilter, DeliveryState};
+    let mut conn = connect(&args.common.database_url).await?;
+    let mut out = std::io::stdout().lock();
+    match args.action {
+        DeliveriesAction::Failed { webhook, limit } => {
+            let filter = DeliveryFilter {
+                webhook_id: webhook,
+                state: Some(DeliveryState::Failed),
+                ..DeliveryFilter::default()
+            };
+            let page = Page {
+                limit: limit.clamp(1, Page::MAX_LIMIT),
+                cursor: None,
+            };
+            let (items, _) = repo::list(&mut conn, &filter, &page).await?;
+            writeln!(out, "ID\tWEBHOOK\tEVENT\tINCIDENT\tATTEMPTS\tUPDATED")?;
+            for d in items {
+                writeln!(
+                    out,
+                    "{}\t{}\t{}\t{}\t{}\t{}",
+                    d.id,
+                    d.webhook_id,
+                    d.event,
+                    d.incident_id,
+                    d.attempt_count,
+                    tocsin_domain::rfc3339_utc::format(d.updated_at)
+                )?;
+            }
+        }
+        DeliveriesAction::Retry { id } => {
+            let delivery = match repo::get(&mut conn, id).await {
+                Ok(delivery) => delivery,
+                Err(DbError::NotFound) => anyhow::bail!("no delivery {id}"),
+                Err(error) => return Err(error.into()),
+            };
+            let webhook =
+                tocsin_domain::db::webhooks::get_any(&mut conn, delivery.webhook_id).await?;
+            if webhook.is_deleted() || !webhook.enabled {
+                anyhow::bail!(
+                    "the webhook of delivery {id} is deleted or disabled: nothing would be sent"
+                );
+            }
+            crate::store::enqueue_manual_attempts(&mut conn, &[id]).await?;
+            eprintln!("enqueued a manual attempt of delivery {id}");
+        }
+        DeliveriesAction::Recover { webhook, since } => {
+            let found = tocsin_domain::db::webhooks::get(&mut conn, webhook).await;
+            match found {
+                Ok(w) if w.enabled => {}
+                Ok(_) => anyhow::bail!("webhook {webhook} is disabled: enable it first"),
+                Err(DbError::NotFound) => anyhow::bail!("no webhook {webhook}"),
+                Err(error) => return Err(error.into()),
+            }
+            let n = crate::store::recover_failed(&mut conn, webhook, since).await?;
+            writeln!(out, "{n}")?;
+            eprintln!("enqueued a manual attempt of {n} failed deliveries");
+        }
+    }
+    Ok(())
+}
+
+/// Runs a token command.
+pub async fn run(args: TokenArgs) -> anyhow::Result<()> {
+    let mut conn = connect(&args.common.database_url).await?;
+    let mut out = std::io::stdout().lock();
+    match args.action {
+        TokenAction::Create { name } => {
+            let name = parse_name(&name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
+            let (record, token) = tokens::create(&mut conn, &name).await?;
+            writeln!(out, "{}", token.expose())?;
+            eprintln!(
+                "created inbound token {} ({name}, prefix {}); it is shown only this once",
+                record.id, record.lookup
+            );
+        }
+        TokenAction::List => {
+            writeln!(out, "ID\tNAME\tPREFIX\tCREATED\tLAST USED\tREVOKED")?;
+            let mut page = Page {
+                limit: Page::MAX_LIMIT,
+                cursor: None,
+            };
+            loop {
+                let (items, next) = tokens::list(&mut conn, &page).await?;
+                for t in items {
+                    let time = |t: Option<time::OffsetDateTime>| {
+                        t.map_or_else(|| "-".to_owned(), tocsin_domain::rfc3339_utc::format)
+                    };
+                    writeln!(
+                        out,
+                        "{}\t{}\t{}\t{}\t{}\t{}",
+                        t.id,
+                        t.name,
+                        t.lookup,
+                        tocsin_domain::rfc3339_utc::format(t.created_at),
+                        time(t.last_used_at),
+                        time(t.revoked_at)
+                    )?;
+                }
+                match next {
+                    Some(cursor) => page.cursor = Some(cursor),
+                    None => break,
+                }
+            }
+        }
+        TokenAction::Revoke { id } => match tokens::revoke(&mut conn, id).await {
+            Ok(()) => eprintln!("revoked inbound token {id}"),
+            Err(DbError::NotFound) => {
+                anyhow::bail!("no live inbound token {id} (unknown or already revoked)")
+            }
+            Err(error) => return Err(error.into()),
+        },
+    }
+    Ok(())
+}

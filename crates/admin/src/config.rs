@@ -1,0 +1,336 @@
+//! Settings and command line of `tocsin-admin` (besides the common ones of
+//! `tocsin_domain::config`: `DATABASE_URL`, `AMQP_URL`, `TOCSIN_AMQP_PREFIX`, ...). Every
+//! flag falls back to its environment variable.
+//!
+//! Serving (`tocsin-admin` or `tocsin-admin serve`):
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `TOCSIN_ADMIN_ADDR` | `127.0.0.1:8081` | listen address |
+//! | `TOCSIN_ADMIN_TOKEN` | none: required | bearer token of the admin API, at least 16 characters |
+//! | `TOCSIN_SECRET_GRACE` | `24h` | how long a rotated-out webhook secret keeps signing |
+//! | `TOCSIN_ADMIN_BODY_LIMIT` | `1048576` | largest accepted request body, bytes (1 MiB) |
+//! | `TOCSIN_OUTBOX_POLL` | `1s` | fallback poll of the outbox relay |
+//! | `TOCSIN_HTTP_WORKERS` | CPU count | HTTP worker threads |
+//!
+//! Inbound token commands (`tocsin-admin token create --name NAME`, `token list`,
+//! `token revoke ID`) read only the common settings (in practice `DATABASE_URL`), migrate the
+//! database first, and need no admin token.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use tocsin_domain::config::{parse_duration_arg, CommonConfig};
+use uuid::Uuid;
+
+/// The admin API's bearer token. `Debug` does not print it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(String);
+
+impl AdminToken {
+    /// Shortest token admin starts with.
+    pub const MIN_CHARS: usize = 16;
+
+    pub fn new(token: impl Into<String>) -> Self {
+        AdminToken(token.into())
+    }
+
+    /// Refuses a token too short to resist guessing (without printing it).
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.0.trim().chars().count() < Self::MIN_CHARS {
+            anyhow::bail!(
+                "TOCSIN_ADMIN_TOKEN: the admin token must be at least {} characters",
+                Self::MIN_CHARS
+            );
+        }
+        Ok(())
+    }
+
+    /// Constant-time comparison with a presented token.
+    pub fn matches(&self, presented: &str) -> bool {
+        tocsin_domain::constant_time_eq(&self.0, presented)
+    }
+}
+
+impl FromStr for AdminToken {
+    // Never fails: a failure message from clap would print the value. `check` validates.
+    type Err = std::convert::Infallible;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Ok(AdminToken(text.to_owned()))
+    }
+}
+
+impl fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AdminToken(…redacted)")
+    }
+}
+
+/// `tocsin-admin` serve settings.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Config {
+    #[command(flatten)]
+    pub common: CommonConfig,
+
+    /// Address to listen on.
+    #[arg(
+        long,
+        env = "TOCSIN_ADMIN_ADDR",
+        value_name = "TOCSIN_ADMIN_ADDR",
+        default_value = "127.0.0.1:8081"
+    )]
+    pub addr: String,
+
+    /// Bearer token every /api/v1 call must present (at least 16 characters).
+    #[arg(
+        long,
+        env = "TOCSIN_ADMIN_TOKEN",
+        value_name = "TOCSIN_ADMIN_TOKEN",
+        required = true,
+        hide_env_values = true
+    )]
+    pub admin_token: Option<AdminToken>,
+
+    /// How long a rotated-out webhook secret keeps signing beside the new one.
+    #[arg(long, env = "TOCSIN_SECRET_GRACE", value_name = "TOCSIN_SECRET_GRACE", default_value = "24h", value_parser = parse_duration_arg)]
+    pub secret_grace: Duration,
+
+    /// Largest accepted request body, in bytes.
+    #[arg(
+        long,
+        env = "TOCSIN_ADMIN_BODY_LIMIT",
+        value_name = "TOCSIN_ADMIN_BODY_LIMIT",
+        default_value_t = 1024 * 1024
+    )]
+    pub body_limit: usize,
+
+    /// How often the outbox relay looks for rows when no commit woke it.
+    #[arg(long, env = "TOCSIN_OUTBOX_POLL", value_name = "TOCSIN_OUTBOX_POLL", default_value = "1s", value_parser = parse_duration_arg)]
+    pub outbox_poll: Duration,
+
+    /// HTTP worker threads (default: one per CPU).
+    #[arg(long, env = "TOCSIN_HTTP_WORKERS", value_name = "TOCSIN_HTTP_WORKERS")]
+    pub workers: Option<usize>,
+}
+
+impl Config {
+    /// Settings for a test or tool: the given database, broker and prefix, port 0.
+    pub fn for_tests(common: CommonConfig, admin_token: &str) -> Self {
+        Config {
+            common,
+            addr: "127.0.0.1:0".into(),
+            admin_token: Some(AdminToken::new(admin_token)),
+            secret_grace: Duration::from_secs(24 * 60 * 60),
+            body_limit: 1024 * 1024,
+            outbox_poll: Duration::from_millis(500),
+            workers: Some(1),
+        }
+    }
+}
+
+/// The command line: serve (the default) or manage inbound tokens.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "tocsin-admin",
+    version,
+    about = "Tocsin's admin API: webhooks, delivery log, manual retry, incidents, inbound tokens",
+    subcommand_negates_reqs = true,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub serve: Config,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+impl Cli {
+    /// What to do, `serve` when no subcommand was given.
+    pub fn into_command(self) -> Command {
+        self.command.unwrap_or(Command::Serve(self.serve))
+    }
+}
+
+/// A `tocsin-admin` subcommand.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Run the admin HTTP API (what `tocsin-admin` alone does).
+    Serve(Config),
+    /// Issue, list and revoke inbound access tokens (needs only DATABASE_URL).
+    Token(TokenArgs),
+    /// Apply pending database migrations and exit (for a migration job before a rollout).
+    Migrate(MigrateArgs),
+    /// The delivery log from the command line: list failed deliveries, retry one, recover many.
+    Deliveries(DeliveriesArgs),
+    /// Delete finished deliveries, their attempts and events older than the retention, now.
+    Prune(PruneArgs),
+}
+
+/// `tocsin-admin migrate`.
+#[derive(Debug, clap::Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub common: CommonConfig,
+}
+
+/// `tocsin-admin deliveries ...`.
+#[derive(Debug, clap::Args)]
+pub struct DeliveriesArgs {
+    #[command(flatten)]
+    pub common: CommonConfig,
+
+    #[command(subcommand)]
+    pub action: DeliveriesAction,
+}
+
+/// What to do with deliveries. Retries go through the outbox: a running ingest or admin
+/// publishes them at once and a dispatcher makes the attempts.
+#[derive(Debug, clap::Subcommand)]
+pub enum DeliveriesAction {
+    /// List failed deliveries, newest first.
+    Failed {
+        /// Only this webhook's.
+        #[arg(long)]
+        webhook: Option<Uuid>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// Make one immediate manual attempt of a delivery.
+    Retry {
+        /// The delivery's id.
+        id: Uuid,
+    },
+    /// Retry every failed delivery of a webhook created since a time.
+    Recover {
+        /// The webhook's id.
+        #[arg(long)]
+        webhook: Uuid,
+        /// RFC 3339 time, e.g. 2026-11-22T00:00:00Z.
+        #[arg(long, value_parser = parse_rfc3339)]
+        since: time::OffsetDateTime,
+    },
+}
+
+/// `tocsin-admin prune`.
+#[derive(Debug, clap::Args)]
+pub struct PruneArgs {
+    #[command(flatten)]
+    pub common: CommonConfig,
+
+    /// Delete what is older than this.
+    #[arg(long, env = "TOCSIN_RETENTION", value_name = "TOCSIN_RETENTION", default_value = "30d", value_parser = tocsin_domain::config::parse_duration_arg)]
+    pub retention: std::time::Duration,
+}
+
+fn parse_rfc3339(text: &str) -> Result<time::OffsetDateTime, String> {
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .map_err(|e| format!("not an RFC 3339 time ({e})"))
+}
+
+/// `tocsin-admin token ...`.
+#[derive(Debug, clap::Args)]
+pub struct TokenArgs {
+    #[command(flatten)]
+    pub common: CommonConfig,
+
+    #[command(subcommand)]
+    pub action: TokenAction,
+}
+
+/// What to do with inbound tokens.
+#[derive(Debug, clap::Subcommand)]
+pub enum TokenAction {
+    /// Issue a token and print it on stdout (shown this once).
+    Create {
+        /// A name telling the token apart (1 to 100 characters), e.g. the sending tool.
+        #[arg(long)]
+        name: String,
+    },
+    /// List tokens, newest first (never their secrets).
+    List,
+    /// Revoke a token: the next request with it is refused.
+    Revoke {
+        /// The token's id, as `token list` shows it.
+        id: Uuid,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn no_subcommand_serves_and_the_token_is_required() {
+        let error = Cli::try_parse_from(["tocsin-admin"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("TOCSIN_ADMIN_TOKEN"), "{error}");
+        let cli = Cli::try_parse_from([
+            "tocsin-admin",
+            "--admin-token",
+            "0123456789abcdef",
+            "--addr",
+            "127.0.0.1:0",
+        ])
+        .unwrap();
+        let Command::Serve(config) = cli.into_command() else {
+            panic!("serves by default");
+        };
+        assert_eq!(config.addr, "127.0.0.1:0");
+        assert_eq!(config.secret_grace, Duration::from_secs(86_400));
+        assert_eq!(config.body_limit, 1024 * 1024);
+        assert!(config.admin_token.unwrap().check().is_ok());
+    }
+
+    #[test]
+    fn serve_subcommand_also_requires_the_token() {
+        let error = Cli::try_parse_from(["tocsin-admin", "serve"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("TOCSIN_ADMIN_TOKEN"), "{error}");
+        assert!(Cli::try_parse_from(["tocsin-admin", "serve", "--admin-token", "x"]).is_ok());
+    }
+
+    #[test]
+    fn token_commands_need_no_admin_token() {
+        let cli =
+            Cli::try_parse_from(["tocsin-admin", "token", "create", "--name", "grafana"]).unwrap();
+        let Command::Token(args) = cli.into_command() else {
+            panic!("a token command");
+        };
+        assert!(matches!(args.action, TokenAction::Create { name } if name == "grafana"));
+        let cli = Cli::try_parse_from([
+            "tocsin-admin",
+            "token",
+            "--database-url",
+            "postgres://x@127.0.0.1/y",
+            "revoke",
+            "0192f3c4-0000-7000-8000-000000000000",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.into_command(),
+            Command::Token(TokenArgs {
+                action: TokenAction::Revoke { .. },
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn short_tokens_are_refused_without_being_printed() {
+        let error = AdminToken::new("short-secret")
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("TOCSIN_ADMIN_TOKEN"), "{error}");
+        assert!(!error.contains("short-secret"));
+        assert!(!format!("{:?}", AdminToken::new("short-secret")).contains("short"));
+        assert!(AdminToken::new("0123456789abcdef").matches("0123456789abcdef"));
+        assert!(!AdminToken::new("0123456789abcdef").matches("0123456789abcdeF"));
+    }
+}

@@ -1,0 +1,310 @@
+//! `GET /api/v1/openapi.json`: the OpenAPI 3.1 document of the admin API, generated from the
+//! handlers' `#[utoipa::path]` attributes and the request and response types. It also
+//! describes ingest's `POST /api/v1/webhooks/alerts` and the health endpoints every service
+//! serves, so one document covers what clients call.
+
+use actix_web::HttpResponse;
+use utoipa::openapi::header::Header;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::response::{Response, ResponseBuilder};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr};
+use utoipa::{Modify, OpenApi};
+
+use crate::routes::{deliveries, incidents, tokens, webhooks};
+use crate::schema;
+
+/// Name of the admin token's security scheme.
+pub const ADMIN_SCHEME: &str = "admin_token";
+/// Name of the inbound token's security scheme (ingest).
+pub const INGEST_SCHEME: &str = "inbound_token";
+
+/// The admin API's OpenAPI document.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Tocsin admin API",
+        description = "Configure outbound webhooks, read the delivery log, retry deliveries, \
+            move incidents and issue inbound tokens. Every /api/v1 call but this document \
+            needs `Authorization: Bearer $TOCSIN_ADMIN_TOKEN`. Lists are newest first and \
+            paginated with `limit` and the opaque `cursor` handed out as `next_cursor`. \
+            Errors share one body: {\"error\": {\"code\", \"message\", \"field\"}}."
+    ),
+    paths(
+        webhooks::create,
+        webhooks::list,
+        webhooks::get,
+        webhooks::update,
+        webhooks::delete,
+        webhooks::reveal_secret,
+        webhooks::rotate_secret,
+        webhooks::send_test_event,
+        webhooks::recover,
+        deliveries::list,
+        deliveries::get,
+        deliveries::retry,
+        incidents::list,
+        incidents::get,
+        incidents::update,
+        tokens::create,
+        tokens::list,
+        tokens::revoke,
+        openapi_json,
+        ingest_alerts,
+        healthz,
+        readyz,
+        metrics,
+    ),
+    components(schemas(
+        schema::ErrorBody,
+        schema::ErrorDetail,
+        schema::EventKind,
+        schema::IncidentStatus,
+        schema::Severity,
+        schema::DeliveryState,
+        schema::AttemptTrigger,
+        schema::AttemptError,
+        AlertsAccepted,
+        TouchedIncident,
+    )),
+    modifiers(&Security),
+    tags(
+        (name = "webhooks", description = "Outbound webhooks: where events go, signed with the webhook's secret"),
+        (name = "deliveries", description = "The delivery log and manual retry"),
+        (name = "incidents", description = "Incidents and their status"),
+        (name = "tokens", description = "Inbound access tokens for the alert endpoint"),
+        (name = "ingest", description = "Served by tocsin-ingest, not by admin"),
+        (name = "operations", description = "Health, readiness, metrics and this document"),
+    )
+)]
+pub struct ApiDoc;
+
+/// The document as JSON text, built once at start.
+pub fn document() -> String {
+    ApiDoc::openapi()
+        .to_pretty_json()
+        .expect("the OpenAPI document always serialises")
+}
+
+/// Serves the OpenAPI document (no token needed).
+#[utoipa::path(
+    get,
+    path = "/api/v1/openapi.json",
+    operation_id = "getOpenApiDocument",
+    tag = "operations",
+    responses((status = 200, description = "This document", content_type = "application/json"))
+)]
+pub async fn openapi_json(document: actix_web::web::Data<OpenApiJson>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(document.0.clone())
+}
+
+/// The rendered document, shared by the workers.
+pub struct OpenApiJson(pub String);
+
+/// The 202 body of the alert endpoint.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // describes tocsin-ingest's answer for the document; never built here
+struct AlertsAccepted {
+    #[schema(example = "accepted")]
+    status: String,
+    /// The detected (or `?format=`) format.
+    #[schema(example = "alertmanager")]
+    format: String,
+    incidents: Vec<TouchedIncident>,
+    /// PagerDuty senders only: the dedup key, generated when the event had none.
+    dedup_key: Option<String>,
+}
+
+/// What an alert did to one incident.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // describes tocsin-ingest's answer for the document; never built here
+struct TouchedIncident {
+    /// `null` when an acknowledge or resolve found no open incident.
+    id: Option<uuid::Uuid>,
+    dedup_key: String,
+    /// `trigger`, `acknowledge` or `resolve`.
+    action: String,
+    /// `opened`, `status_changed`, `unchanged` or `no_open_incident`.
+    change: String,
+    /// With `status_changed`: the status before.
+    #[schema(value_type = Option<schema::IncidentStatus>)]
+    from: Option<String>,
+    #[schema(value_type = Option<schema::IncidentStatus>)]
+    status: Option<String>,
+    #[schema(value_type = Vec<schema::EventKind>)]
+    events: Vec<String>,
+}
+
+/// Receives an alert from a monitoring tool (served by `tocsin-ingest`, documented here).
+/// Prometheus Alertmanager, Grafana, PagerDuty Events API v2 and Tocsin's generic JSON are
+/// detected from the body; `?format=` names one instead.
+#[utoipa::path(
+    post,
+    path = "/api/v1/webhooks/alerts",
+    operation_id = "receiveAlerts",
+    tag = "ingest",
+    params(("format" = Option<String>, Query, description = "`alertmanager`, `grafana`, `pagerduty` or `generic`; skips detection")),
+    request_body(content = Object, description = "The tool's own JSON body (at most 512 KiB by default)", content_type = "application/json"),
+    responses(
+        (status = 202, description = "Accepted: the incidents touched", body = AlertsAccepted),
+        (status = 400, description = "The body is not JSON", body = schema::ErrorBody),
+        (status = 401, description = "Missing, unknown or revoked inbound token", body = schema::ErrorBody),
+        (status = 413, description = "The body is over the limit", body = schema::ErrorBody),
+        (status = 415, description = "Content-Type is not JSON", body = schema::ErrorBody),
+        (status = 422, description = "Invalid content; `field` names it", body = schema::ErrorBody),
+        (status = 429, description = "Over the token's rate limit; see Retry-After", body = schema::ErrorBody),
+        (status = 503, description = "Storage unreachable; retry later", body = schema::ErrorBody),
+    ),
+    security(("inbound_token" = []))
+)]
+#[allow(dead_code)] // a path item of the document only: ingest serves it
+fn ingest_alerts() {}
+
+/// The process is alive.
+#[utoipa::path(get, path = "/healthz", operation_id = "healthz", tag = "operations", responses((status = 200, description = "Alive")))]
+#[allow(dead_code)] // served by tocsin_web::health
+fn healthz() {}
+
+/// PostgreSQL and RabbitMQ answer.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Ready"),
+        (status = 503, description = "PostgreSQL or RabbitMQ is unreachable; the body says which"),
+    )
+)]
+#[allow(dead_code)] // served by tocsin_web::health
+fn readyz() {}
+
+/// Prometheus metrics in the text exposition format.
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "operations", responses((status = 200, description = "Metrics", content_type = "text/plain")))]
+#[allow(dead_code)] // served by tocsin_web::metrics
+fn metrics() {}
+
+/// Declares the two bearer schemes, and puts every admin operation under the admin token with
+/// the refusals any of them may answer.
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            ADMIN_SCHEME,
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("The admin token, TOCSIN_ADMIN_TOKEN"))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            INGEST_SCHEME,
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("tsn_<prefix>_<secret>")
+                    .description(Some(
+                        "An inbound token issued by POST /api/v1/tokens (ingest only)",
+                    ))
+                    .build(),
+            ),
+        );
+        let string = || ObjectBuilder::new().schema_type(Type::String);
+        let integer = || ObjectBuilder::new().schema_type(Type::Integer);
+        let responses = [
+            (
+                "Unauthorized",
+                "Missing or wrong admin token",
+                Some(("WWW-Authenticate", Header::new(string()))),
+            ),
+            ("Internal", "An unexpected error; it was logged", None),
+            (
+                "Unavailable",
+                "Storage unreachable; retry after Retry-After seconds",
+                Some(("Retry-After", Header::new(integer()))),
+            ),
+        ];
+        for (name, description, header) in responses {
+            components.responses.insert(
+                name.to_owned(),
+                RefOr::T(error_response(description, header)),
+            );
+        }
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let admin = path.starts_with("/api/v1/")
+                && path != "/api/v1/openapi.json"
+                && path != "/api/v1/webhooks/alerts";
+            if !admin {
+                continue;
+            }
+            let operations = [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.patch,
+                &mut item.delete,
+            ];
+            for operation in operations.into_iter().flatten() {
+                protect(operation);
+            }
+        }
+    }
+}
+
+fn protect(operation: &mut Operation) {
+    operation.security = Some(vec![SecurityRequirement::new(
+        ADMIN_SCHEME,
+        Vec::<String>::new(),
+    )]);
+    for (status, name) in [
+        ("401", "Unauthorized"),
+        ("500", "Internal"),
+        ("503", "Unavailable"),
+    ] {
+        operation
+            .responses
+            .responses
+            .entry(status.to_owned())
+            .or_insert_with(|| RefOr::Ref(Ref::from_response_name(name)));
+    }
+}
+
+fn error_response(description: &str, header: Option<(&str, Header)>) -> Response {
+    let mut response = ResponseBuilder::new().description(description).content(
+        "application/json",
+        ContentBuilder::new()
+            .schema(Some(Ref::from_schema_name("ErrorBody")))
+            .build(),
+    );
+    if let Some((name, header)) = header {
+        response = response.header(name, header);
+    }
+    response.build()
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operation_ids_are_unique_and_every_admin_operation_is_protected() {
+        let document: serde_json::Value = serde_json::from_str(&document()).unwrap();
+        let mut ids = std::collections::BTreeSet::new();
+        for (path, item) in document["paths"].as_object().unwrap() {
+            for (method, operation) in item.as_object().unwrap() {
+                let id = operation["operationId"].as_str().unwrap().to_owned();
+                assert!(ids.insert(id.clone()), "{method} {path}: {id} twice");
+                let protected = operation["security"] == serde_json::json!([{ADMIN_SCHEME: []}]);
+                let admin = path.starts_with("/api/v1/")
+                    && path != "/api/v1/openapi.json"
+                    && path != "/api/v1/webhooks/alerts";
+                assert_eq!(protected, admin, "{method} {path}");
+            }
+        }
+    }
+}

@@ -1,0 +1,629 @@
+//! `/api/v1/webhooks`: outbound webhooks (SPEC §2.1), their secrets, test events and bulk
+//! recovery of failed deliveries.
+
+use std::collections::BTreeSet;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::{Deserialize, Deserializer, Serialize};
+use time::OffsetDateTime;
+use tocsin_domain::db::webhooks::{self as repo, NewWebhook as NewRecord, WebhookChanges};
+use tocsin_domain::{EventKind, RetrySettings, TargetUrl, WebhookName};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::{page, rfc3339, AdminState};
+use crate::error::{AdminError, OrNotFound};
+use crate::schema;
+use crate::store::{self, WebhookPatch};
+
+/// An outbound webhook. Its secret is shown only at creation, by `reveal-secret` and by
+/// `rotate-secret`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Webhook {
+    pub id: Uuid,
+    #[schema(example = "ops pager")]
+    pub name: String,
+    #[schema(example = "https://hooks.example.com/tocsin")]
+    pub url: String,
+    /// The event kinds it receives.
+    #[schema(value_type = Vec<schema::EventKind>)]
+    pub events: BTreeSet<EventKind>,
+    pub retry: Retry,
+    /// A disabled webhook receives nothing, and its unfinished deliveries were stopped.
+    pub enabled: bool,
+    /// Until when the secret before the last rotation still signs beside the current one
+    /// (`null` when no rotation is in its grace period).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub previous_secret_expires_at: Option<OffsetDateTime>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+}
+
+impl From<&repo::Webhook> for Webhook {
+    fn from(webhook: &repo::Webhook) -> Self {
+        let now = OffsetDateTime::now_utc();
+        Webhook {
+            id: webhook.id,
+            name: webhook.name.clone(),
+            url: webhook.url.clone(),
+            events: webhook.events.clone(),
+            retry: Retry {
+                max_attempts: webhook.retry.max_attempts(),
+                timeout_ms: webhook.retry.timeout_ms(),
+            },
+            enabled: webhook.enabled,
+            previous_secret_expires_at: webhook
+                .previous_secret
+                .as_ref()
+                .map(|(_, expires_at)| *expires_at)
+                .filter(|expires_at| *expires_at > now),
+            created_at: webhook.created_at,
+            updated_at: webhook.updated_at,
+        }
+    }
+}
+
+/// Retry settings: how many attempts of the schedule (0 s, 1 min, 5 min, 30 min, 2 h) a
+/// delivery gets, and how long one attempt may take.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Retry {
+    #[schema(minimum = 1, maximum = 5, example = 5)]
+    pub max_attempts: u8,
+    #[schema(minimum = 1000, maximum = 30000, example = 10000)]
+    pub timeout_ms: u32,
+}
+
+/// A webhook with its current signing secret.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WebhookWithSecret {
+    #[serde(flatten)]
+    pub webhook: Webhook,
+    /// `whsec_` + base64 of the HMAC-SHA256 key (Standard Webhooks).
+    #[schema(example = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")]
+    pub secret: String,
+}
+
+impl From<&repo::Webhook> for WebhookWithSecret {
+    fn from(webhook: &repo::Webhook) -> Self {
+        WebhookWithSecret {
+            webhook: webhook.into(),
+            secret: webhook.secret.expose().to_owned(),
+        }
+    }
+}
+
+/// A page of webhooks, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WebhookList {
+    pub items: Vec<Webhook>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// A new webhook.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewWebhook {
+    /// 1 to 100 characters (trimmed), no control characters.
+    #[schema(min_length = 1, max_length = 100, example = "ops pager")]
+    pub name: String,
+    /// An absolute http or https URL, without credentials, at most 2048 bytes.
+    #[schema(example = "https://hooks.example.com/tocsin")]
+    pub url: String,
+    /// At least one event kind.
+    #[schema(value_type = Vec<schema::EventKind>, min_items = 1)]
+    pub events: Vec<String>,
+    #[serde(default)]
+    pub retry: Option<RetryInput>,
+    /// Default `true`.
+    #[serde(default)]
+    #[schema(default = true)]
+    pub enabled: Option<bool>,
+}
+
+/// Retry settings in a request; a field left out takes its default at creation and keeps its
+/// value in a change.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetryInput {
+    /// 1 to 5 (default 5).
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = u8, minimum = 1, maximum = 5, default = 5)]
+    pub max_attempts: Option<i64>,
+    /// 1000 to 30000 (default 10000).
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = u32, minimum = 1000, maximum = 30000, default = 10000)]
+    pub timeout_ms: Option<i64>,
+}
+
+/// A change to a webhook: any subset of the fields, each validated as at creation. `null` is
+/// refused: leave a field out to keep it.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookChange {
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = String, min_length = 1, max_length = 100)]
+    pub name: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = String)]
+    pub url: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Vec<schema::EventKind>, min_items = 1)]
+    pub events: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = RetryInput)]
+    pub retry: Option<RetryInput>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = bool)]
+    pub enabled: Option<bool>,
+}
+
+/// Bulk recovery: retry the failed deliveries created since a time.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Recover {
+    /// RFC 3339.
+    #[schema(format = DateTime, example = "2026-11-22T00:00:00Z")]
+    pub since: String,
+}
+
+/// How many deliveries a bulk recovery enqueued.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Recovered {
+    pub retried: usize,
+}
+
+/// The test event recorded for a webhook.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TestEventAccepted {
+    pub event_id: Uuid,
+    #[schema(value_type = schema::EventKind)]
+    pub event: EventKind,
+    /// The sample incident's id (no such incident is stored).
+    pub incident_id: Uuid,
+}
+
+/// Paging of the webhook list.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Items per page, 1 to 200 (default 50).
+    #[param(value_type = Option<u8>, minimum = 1, maximum = 200)]
+    pub limit: Option<String>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// A field that may be left out but, when given, must not be `null`.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+fn parse_name(raw: &str) -> Result<WebhookName, AdminError> {
+    WebhookName::parse(raw).map_err(|e| AdminError::invalid("name", e))
+}
+
+fn parse_url(raw: &str) -> Result<TargetUrl, AdminError> {
+    TargetUrl::parse(raw).map_err(|e| AdminError::invalid("url", e))
+}
+
+fn parse_events(raw: &[String]) -> Result<BTreeSet<EventKind>, AdminError> {
+    if raw.is_empty() {
+        return Err(AdminError::invalid(
+            "events",
+            "must list at least one event kind",
+        ));
+    }
+    raw.iter()
+        .enumerate()
+        .map(|(i, kind)| {
+            kind.parse::<EventKind>()
+                .map_err(|e| AdminError::invalid(format!("events[{i}]"), e))
+        })
+        .collect()
+}
+
+/// Checks each given retry field on its own; returns them as the domain holds them.
+fn parse_retry_fields(input: &RetryInput) -> Result<(Option<u8>, Option<u32>), AdminError> {
+    let defaults = RetrySettings::default();
+    let check = |max: i64, timeout: i64| {
+        RetrySettings::new(max, timeout).map_err(|e| AdminError::invalid(e.field(), e))
+    };
+    let max_attempts = input
+        .max_attempts
+        .map(|max| check(max, defaults.timeout_ms().into()).map(RetrySettings::max_attempts))
+        .transpose()?;
+    let timeout_ms = input
+        .timeout_ms
+        .map(|timeout| {
+            check(defaults.max_attempts().into(), timeout).map(RetrySettings::timeout_ms)
+        })
+        .transpose()?;
+    Ok((max_attempts, timeout_ms))
+}
+
+impl NewWebhook {
+    fn validate(&self) -> Result<NewRecord, AdminError> {
+        let name = parse_name(&self.name)?;
+        let url = parse_url(&self.url)?;
+        let events = parse_events(&self.events)?;
+        let defaults = RetrySettings::default();
+        let (max_attempts, timeout_ms) = match &self.retry {
+            Some(retry) => parse_retry_fields(retry)?,
+            None => (None, None),
+        };
+        let retry = RetrySettings::new(
+            max_attempts.unwrap_or(defaults.max_attempts()).into(),
+            timeout_ms.unwrap_or(defaults.timeout_ms()).into(),
+        )
+        .map_err(|e| AdminError::invalid(e.field(), e))?;
+        Ok(NewRecord {
+            name,
+            url,
+            events,
+            retry,
+            enabled: self.enabled.unwrap_or(true),
+        })
+    }
+}
+
+impl WebhookChange {
+    fn validate(&self) -> Result<WebhookPatch, AdminError> {
+        let (max_attempts, timeout_ms) = match &self.retry {
+            Some(retry) => parse_retry_fields(retry)?,
+            None => (None, None),
+        };
+        Ok(WebhookPatch {
+            changes: WebhookChanges {
+                name: self.name.as_deref().map(parse_name).transpose()?,
+                url: self.url.as_deref().map(parse_url).transpose()?,
+                events: self.events.as_deref().map(parse_events).transpose()?,
+                retry: None,
+                enabled: self.enabled,
+            },
+            max_attempts,
+            timeout_ms,
+        })
+    }
+}
+
+/// Creates a webhook with a new signing secret.
+#[utoipa::path(
+    post,
+    path = "/api/v1/webhooks",
+    operation_id = "createWebhook",
+    tag = "webhooks",
+    request_body = NewWebhook,
+    responses(
+        (status = 201, description = "Created. The secret is shown here, and later only by reveal-secret and rotate-secret.", body = WebhookWithSecret),
+        (status = 400, description = "The body is not JSON", body = schema::ErrorBody),
+        (status = 413, description = "The body is over the limit", body = schema::ErrorBody),
+        (status = 415, description = "Content-Type is not JSON", body = schema::ErrorBody),
+        (status = 422, description = "A field is invalid; `field` names it (`events[1]`, `retry.max_attempts`)", body = schema::ErrorBody),
+    )
+)]
+pub async fn create(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AdminState>,
+) -> Result<HttpResponse, AdminError> {
+    let new: NewWebhook = state.json(&req, payload).await?;
+    let record = new.validate()?;
+    let mut conn = state.conn().await?;
+    let webhook = repo::create(&mut conn, &record).await?;
+    tracing::info!(webhook = %webhook.id, "webhook created");
+    Ok(HttpResponse::Created().json(WebhookWithSecret::from(&webhook)))
+}
+
+/// Lists webhooks, newest first (deleted ones are not listed).
+#[utoipa::path(
+    get,
+    path = "/api/v1/webhooks",
+    operation_id = "listWebhooks",
+    tag = "webhooks",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of webhooks", body = WebhookList),
+        (status = 400, description = "A bad query parameter (`limit`, `cursor`); `field` names it", body = schema::ErrorBody),
+    )
+)]
+pub async fn list(
+    query: web::Query<ListQuery>,
+    state: web::Data<AdminState>,
+) -> Result<HttpResponse, AdminError> {
+    let page = page(query.limit.as_deref(), query.cursor.as_deref())?;
+    let mut conn = state.conn().await?;
+    let (webhooks, next) = repo::list(&mut conn, &page).await?;
+    Ok(HttpResponse::Ok().json(WebhookList {
+        items: webhooks.iter().map(Webhook::from).collect(),
+        next_cursor: next.map(|c| c.encode()),
+    }))
+}
+
+/// Reads one webhook.
+#[utoipa::path(
+    get,
+    path = "/api/v1/webhooks/{id}",
+    operation_id = "getWebhook",
+    tag = "webhooks",
+    params(("id" = Uuid, Path, description = "The webhook's id")),
+    responses(
+        (status = 200, description = "The webhook", body = Webhook),
+        (status = 404, description = "No such webhook (or it was deleted)", body = schema::ErrorBody),
+    )
+)]
+pub async fn get(
+    id: web::Path<Uuid>,
+    state: web::Data<AdminState>,
+) -> Result<HttpResponse, AdminError> {
+    let mut conn = state.conn().await?;
+    let webhook = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
+    Ok(HttpResponse::Ok().json(Webhook::from(&webhook)))
+}
+
+/// Changes any of a webhook's fields. Disabling it stops its unfinished deliveries.
+#[utoipa::path(
+    patch,
+    path = "/api/v1/webhooks/{id}",
+    operation_id = "updateWebhook",
+    tag = "webhooks",
+    params(("id" = Uuid, Path, description = "The webhook's id")),
+    request_body = WebhookChange,
+    responses(
+        (status = 200, description = "The changed webhook", body = Webhook),
+        (status = 400, description = "The body is not JSON", body = schema::ErrorBody),
+        (status = 404, description = "No such webhook (or it was deleted)", body = schema::ErrorBody),
+        (status = 413, description = "The body is over the limit", body = schema::ErrorBody),
+        (status = 415, description = "Content-Type is not JSON", body = schema::ErrorBody),
+        (status = 422, description = "A field is invalid; `field` names it", body = schema::ErrorBody),
+    )
+)]
+pub async fn update(
+    req: HttpRequest,
+    id: web::Path<Uuid>,
+    payload: web::Payload,
+    state: web::Data<AdminState>,
+) -> Result<HttpResponse, AdminError> {
+    let change: WebhookChange = state.json(&req, payload).await?;
+    let patch = change.validate()?;
+    let mut conn = state.conn().await?;
+    let webhook = store::update_webhook(&mut conn, *id, &patch)
+        .await
+        .or_not_found("webhook")?;
+    tracing::info!(webhook = %webhook.id, "webhook changed");
+    Ok(HttpResponse::Ok().json(Webhook::from(&webhook)))
+}
+
+/// Deletes a webhook: it receives nothing more and its pending retries stop; its delivery log
+/// stays readable.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/webhooks/{id}",
+    operation_id = "deleteWebhook",
+    tag = "webhooks",
+    params(("id" = Uuid, Path, description = "The webhook's id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, description = "No such webhook (or it was already deleted)", body = schema::ErrorBody),
+    )
+)]
+pub async fn delete(
+    id: web::Path<Uuid>,
+    state: web::Data<AdminState>,
+) -> Result<HttpResponse, AdminError> {
+    let mut conn = state.conn().await?;
+    repo::delete(&mut conn, *id).await.or_not_found("webhook")?;
+    tracing::info!(webhook = %*id, "webhook deleted");
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// Shows a webhook's current signing secret.
+#[utoipa::path(
+    post,
+    path = "/api/v1/webhooks/{id}/reveal-secret",
+    operation_id = "revealWebhookSecret",
+    tag = "webhooks",
+    params(("id" = Uuid, Path, description = "The webhook's id")),
+    responses(
+        (status = 200, description = "The webhook with its secret", body = WebhookWithSecret),
+        (status = 404, description = "No such webhook (or it was deleted)", body = schema::ErrorBody),
+    )
+)]
+pub async fn reveal_secret(
+    id: web::Path<Uuid>,
+    state: web::Data<AdminState>,
+) -> Result<HttpResponse, AdminError> {
+    let mut conn = state.conn().await?;
+    let webhook = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
+    tracing::info!(webhook = %webhook.id, "webhook secret revealed");
+    Ok(HttpResponse::Ok().json(WebhookWithSecret::from(&webhook)))
+}
+
+/// Issues a new signing secret. The old one keeps signing beside it for the grace period
+/// (`TOCSIN_SECRET_GRACE`, default 24 h), so receivers can switch without losing deliveries.
+#[utoipa::path(
+    post,
+    path = "/api/v1/webhooks/{id}/rotate-secret",
+    operation_id = "rotateWebhookSecret",
+    tag = "webhooks",
+    params(("id" = Uuid, Path, description = "The webhook's id")),
+    responses(
+        (status = 200, description = "The webhook with its new secret; `previous_secret_expires_at` says until when the old one signs", body = WebhookWithSecret),
+        (status = 404, description = "No such webhook (or it was deleted)", body = schema::ErrorBody),
+    )
+)]
+pub async fn rotate_secret(
+    id: web::Path<Uuid>,
+    state: web::Data<AdminState>,
+) -> Result<HttpResponse, AdminError> {
+    let mut conn = state.conn().await?;
+    let webhook = repo::rotate_secret(&mut conn, *id, state.secret_grace)
+        .await
+        .or_not_found("webhook")?;
+    tracing::info!(webhook = %webhook.id, "webhook secret rotated");
+    Ok(HttpResponse::Ok().json(WebhookWithSecret::from(&webhook)))
+}
+
+/// Sends a sample `incidents.opened` event (title "Tocsin test event", SEV5) to this webhook
+/// only, marked with the `tocsin-test: true` header. It is logged like any delivery.
+#[utoipa::path(
+    post,
+    path = "/api/v1/webhooks/{id}/test",
+    operation_id = "sendTestEvent",
+    tag = "webhooks",
+    params(("id" = Uuid, Path, description = "The webhook's id")),
+    responses(
+        (status = 202, description = "The test event is recorded; its delivery follows", body = TestEventAccepted),
+        (status = 404, description = "No such webhook (or it was deleted)", body = schema::ErrorBody),
+        (status = 409, description = "The webhook is disabled", body = schema::ErrorBody),
+    )
+)]
+pub async fn send_test_event(
+    id: web::Path<Uuid>,
+    state: web::Data<AdminState>,
+) -> Result<HttpResponse, AdminError> {
+    let mut conn = state.conn().await?;
+    let webhook = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
+    if !webhook.enabled {
+        return Err(AdminError::Conflict(
+            "the webhook is disabled; enable it to send it events".into(),
+        ));
+    }
+    let event = store::record_test_event(&mut conn, webhook.id).await?;
+    state.wake_relay();
+    tracing::info!(webhook = %webhook.id, event = %event.id, "test event recorded");
+    Ok(HttpResponse::Accepted().json(TestEventAccepted {
+        event_id: event.id,
+        event: event.kind,
+        incident_id: event.incident_id,
+    }))
+}
+
+/// Retries every failed delivery of the webhook created since `since`: one immediate manual
+/// attempt each, as from the delivery log.
+#[utoipa::path(
+    post,
+    path = "/api/v1/webhooks/{id}/recover",
+    operation_id = "recoverFailedDeliveries",
+    tag = "webhooks",
+    params(("id" = Uuid, Path, description = "The webhook's id")),
+    request_body = Recover,
+    responses(
+        (status = 202, description = "The attempts are enqueued", body = Recovered),
+        (status = 400, description = "The body is not JSON", body = schema::ErrorBody),
+        (status = 404, description = "No such webhook", body = schema::ErrorBody),
+        (status = 409, description = "The webhook was deleted or is disabled", body = schema::ErrorBody),
+        (status = 413, description = "The body is over the limit", body = schema::ErrorBody),
+        (status = 415, description = "Content-Type is not JSON", body = schema::ErrorBody),
+        (status = 422, description = "`since` is not an RFC 3339 time", body = schema::ErrorBody),
+    )
+)]
+pub async fn recover(
+    req: HttpRequest,
+    id: web::Path<Uuid>,
+    payload: web::Payload,
+    state: web::Data<AdminState>,
+) -> Result<HttpResponse, AdminError> {
+    let body: Recover = state.json(&req, payload).await?;
+    let since = rfc3339(&body.since).map_err(|e| AdminError::invalid("since", e))?;
+    let mut conn = state.conn().await?;
+    let webhook = repo::get_any(&mut conn, *id)
+        .await
+        .or_not_found("webhook")?;
+    ensure_deliverable(&webhook)?;
+    let retried = store::recover_failed(&mut conn, webhook.id, since).await?;
+    if retried > 0 {
+        state.wake_relay();
+    }
+    tracing::info!(webhook = %webhook.id, retried, "failed deliveries re-enqueued");
+    Ok(HttpResponse::Accepted().json(Recovered { retried }))
+}
+
+/// 409 unless the webhook can receive deliveries (not deleted, enabled).
+pub fn ensure_deliverable(webhook: &repo::Webhook) -> Result<(), AdminError> {
+    if webhook.is_deleted() {
+        Err(AdminError::Conflict(
+            "the webhook was deleted; its deliveries can no longer be retried".into(),
+        ))
+    } else if !webhook.enabled {
+        Err(AdminError::Conflict(
+            "the webhook is disabled; enable it before retrying its deliveries".into(),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(error: AdminError) -> String {
+        match error {
+            AdminError::Invalid { field, .. } => field,
+            other => panic!("not a 422: {other:?}"),
+        }
+    }
+
+    fn new(events: &[&str]) -> NewWebhook {
+        NewWebhook {
+            name: "ops".into(),
+            url: "https://example.com/hook".into(),
+            events: events.iter().map(|e| (*e).to_owned()).collect(),
+            retry: None,
+            enabled: None,
+        }
+    }
+
+    #[test]
+    fn creation_defaults_and_field_names() {
+        let record = new(&["incidents.opened", "incidents.opened"])
+            .validate()
+            .unwrap();
+        assert_eq!(record.events.len(), 1);
+        assert_eq!(record.retry, RetrySettings::default());
+        assert!(record.enabled);
+        assert_eq!(field_of(new(&[]).validate().unwrap_err()), "events");
+        assert_eq!(
+            field_of(
+                new(&["incidents.opened", "incident.closed"])
+                    .validate()
+                    .unwrap_err()
+            ),
+            "events[1]"
+        );
+        let mut bad = new(&["incidents.resolved"]);
+        bad.retry = Some(RetryInput {
+            max_attempts: Some(6),
+            timeout_ms: None,
+        });
+        assert_eq!(field_of(bad.validate().unwrap_err()), "retry.max_attempts");
+        bad.retry = Some(RetryInput {
+            max_attempts: Some(2),
+            timeout_ms: Some(999),
+        });
+        assert_eq!(field_of(bad.validate().unwrap_err()), "retry.timeout_ms");
+        bad.retry = Some(RetryInput {
+            max_attempts: Some(2),
+            timeout_ms: None,
+        });
+        let record = bad.validate().unwrap();
+        assert_eq!(
+            (record.retry.max_attempts(), record.retry.timeout_ms()),
+            (2, 10_000)
+        );
+    }
+
+    #[test]
+    fn nulls_are_refused_in_a_change() {
+        let parsed: Result<WebhookChange, _> = serde_json::from_str(r#"{"name": null}"#);
+        assert!(parsed.is_err());
+        let parsed: WebhookChange =
+            serde_json::from_str(r#"{"retry": {"timeout_ms": 2000}}"#).unwrap();
+        let patch = parsed.validate().unwrap();
+        assert_eq!((patch.max_attempts, patch.timeout_ms), (None, Some(2000)));
+    }
+}

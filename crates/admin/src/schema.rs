@@ -1,0 +1,102 @@
+//! OpenAPI schemas of the string enums the API uses, with their values taken from the domain
+//! types so the document cannot drift from them, and of the common error body. The domain crate
+//! knows nothing of utoipa: these stand in for its types in `#[schema(value_type = ...)]`.
+
+use std::borrow::Cow;
+
+use serde_json::Value;
+use tocsin_domain::amqp::messages::Trigger;
+use tocsin_domain::db::deliveries::{AttemptError as DomainAttemptError, DeliveryState as State};
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::RefOr;
+
+macro_rules! string_enum {
+    ($(#[doc = $doc:literal])+ $name:ident => $values:expr) => {
+        $(#[doc = $doc])+
+        pub struct $name;
+
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> RefOr<Schema> {
+                let values: Vec<Value> = $values.into_iter().map(Value::from).collect();
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .description(Some(concat!($($doc),+).trim()))
+                    .enum_values(Some(values))
+                    .into()
+            }
+        }
+
+        impl utoipa::ToSchema for $name {
+            fn name() -> Cow<'static, str> {
+                Cow::Borrowed(stringify!($name))
+            }
+        }
+    };
+}
+
+string_enum! {
+    /// An event kind (SPEC §6).
+    EventKind => tocsin_domain::EventKind::ALL.map(|k| k.as_str())
+}
+
+string_enum! {
+    /// An incident status. New incidents are `triggered`; any unresolved status may move to any
+    /// other; `resolved` is final.
+    IncidentStatus => tocsin_domain::IncidentStatus::ALL.map(|s| s.as_str())
+}
+
+string_enum! {
+    /// An incident severity, `SEV1` (most severe) to `SEV5`.
+    Severity => tocsin_domain::Severity::ALL.map(|s| s.as_str())
+}
+
+string_enum! {
+    /// Where a delivery stands: `pending` (waiting for its first attempt), `retrying` (failed,
+    /// next automatic attempt at `next_attempt_at`), `succeeded`, `failed` (every allowed attempt
+    /// failed, or its webhook was disabled or deleted).
+    DeliveryState => State::ALL.map(State::as_str)
+}
+
+string_enum! {
+    /// Who asked for an attempt: the retry schedule (`automatic`) or an operator (`manual`).
+    AttemptTrigger => [Trigger::Automatic, Trigger::Manual].map(Trigger::as_str)
+}
+
+string_enum! {
+    /// Why an attempt failed: no answer in time, connection refused or broken, name not
+    /// resolved, TLS failure, target refused by the SSRF rules, a non-2xx status, a redirect
+    /// (never followed), or something else.
+    AttemptError => [
+        DomainAttemptError::Timeout,
+        DomainAttemptError::Connect,
+        DomainAttemptError::Dns,
+        DomainAttemptError::Tls,
+        DomainAttemptError::Blocked,
+        DomainAttemptError::HttpStatus,
+        DomainAttemptError::Redirect,
+        DomainAttemptError::Other,
+    ]
+    .map(DomainAttemptError::as_str)
+}
+
+/// The error body of every refusal (`tocsin_web::ErrorBody`).
+#[derive(utoipa::ToSchema)]
+#[schema(example = json!({"error": {"code": "invalid", "message": "url: scheme must be http or https", "field": "url"}}))]
+#[allow(dead_code)] // describes tocsin_web::ErrorBody for the document; never built
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// What went wrong.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // describes tocsin_web::ErrorDetail for the document; never built
+pub struct ErrorDetail {
+    /// A stable machine-readable word: `bad_request`, `invalid`, `unauthorized`, `not_found`,
+    /// `conflict`, `method_not_allowed`, `payload_too_large`, `unsupported_media_type`,
+    /// `rate_limited`, `unavailable`, `internal`.
+    pub code: String,
+    /// For people; names the field first when there is one.
+    pub message: String,
+    /// The offending request field (`retry.max_attempts`, `events[1]`) or query parameter.
+    pub field: Option<String>,
+}

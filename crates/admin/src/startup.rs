@@ -1,0 +1,98 @@
+//! Building the admin service: pool, broker, outbox relay, HTTP server.
+
+use std::time::Duration;
+
+use actix_web::middleware::from_fn;
+use actix_web::{web, HttpServer};
+use anyhow::Context;
+use prometheus::Registry;
+use tocsin_domain::db;
+use tocsin_domain::relay::OutboxRelay;
+use tocsin_web::{health, metrics, Background, HttpMetrics, Readiness, Service};
+
+use crate::auth::require_admin_token;
+use crate::config::Config;
+use crate::openapi::{self, OpenApiJson};
+use crate::routes::{self, AdminState};
+
+/// The running admin service.
+pub type App = Service;
+
+/// Checks the admin token, migrates the database, then builds the service listening on
+/// `config.addr`.
+pub async fn build(config: Config) -> anyhow::Result<App> {
+    let token = config
+        .admin_token
+        .clone()
+        .context("TOCSIN_ADMIN_TOKEN: the admin token is required to serve")?;
+    token.check()?;
+    let common = &config.common;
+    common.warn_if_schedule_shortened();
+    db::migrate(&common.database_url)
+        .await
+        .context("DATABASE_URL: migrating the database")?;
+    let pool = common.pool()?;
+    let broker = common.broker("admin");
+    let registry = Registry::new();
+    let http_metrics = HttpMetrics::new(&registry)?;
+    let relay = OutboxRelay::new(
+        pool.clone(),
+        broker.clone(),
+        &common.database_url,
+        config.outbox_poll,
+        &registry,
+    )?;
+    let state = web::Data::new(AdminState {
+        pool: pool.clone(),
+        relay: relay.waker(),
+        secret_grace: config.secret_grace,
+        body_limit: config.body_limit,
+    });
+    let token = web::Data::new(token);
+    let document = web::Data::new(OpenApiJson(openapi::document()));
+    let readiness = Readiness { pool, broker };
+
+    let listener = tocsin_web::service::bind(&config.addr, "TOCSIN_ADMIN_ADDR")?;
+    let port = listener.local_addr()?.port();
+    let query_config =
+        web::QueryConfig::default().error_handler(tocsin_web::error::query_error_handler);
+    let path_config =
+        web::PathConfig::default().error_handler(tocsin_web::error::path_error_handler);
+    let mut server = HttpServer::new(move || {
+        actix_web::App::new()
+            .wrap_fn(metrics::middleware(http_metrics.clone()))
+            .app_data(state.clone())
+            .app_data(token.clone())
+            .app_data(document.clone())
+            .app_data(query_config.clone())
+            .app_data(path_config.clone())
+            .configure(|cfg| health::configure(cfg, readiness.clone()))
+            .configure(|cfg| metrics::configure(cfg, http_metrics.clone()))
+            .route("/api/v1/openapi.json", web::get().to(openapi::openapi_json))
+            .service(
+                web::scope("/api/v1")
+                    .wrap(from_fn(require_admin_token))
+                    .configure(routes::configure)
+                    .default_service(web::to(tocsin_web::error::not_found)),
+            )
+            .default_service(web::to(tocsin_web::error::not_found))
+    })
+    .disable_signals()
+    .shutdown_timeout(common.shutdown_timeout.as_secs())
+    .client_request_timeout(Duration::from_secs(10))
+    .client_disconnect_timeout(Duration::from_secs(2));
+    if let Some(workers) = config.workers {
+        server = server.workers(workers.max(1));
+    }
+    let server = server.listen(listener)?.run();
+
+    let mut background = Background::new();
+    background.spawn("outbox-relay", relay.run(background.token()));
+    Ok(Service::new(
+        "admin",
+        server,
+        port,
+        background,
+        common.shutdown_timeout,
+    ))
+}

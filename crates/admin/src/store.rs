@@ -1,0 +1,106 @@
+//! Admin's writes that combine several repository calls, each in one transaction, so that a
+//! change and the outbox rows it causes commit together or not at all.
+
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use time::OffsetDateTime;
+use tocsin_domain::amqp::messages::Trigger;
+use tocsin_domain::db::outbox::{self, NewEvent};
+use tocsin_domain::db::webhooks::{self, Webhook, WebhookChanges};
+use tocsin_domain::db::{deliveries, DbError};
+use tocsin_domain::{
+    EventKind, EventPayload, IncidentData, IncidentStatus, RetrySettings, Severity,
+};
+use uuid::Uuid;
+
+/// Outbox rows written per statement (each row binds three parameters; PostgreSQL allows
+/// 65 535 per statement).
+const ENQUEUE_CHUNK: usize = 1000;
+
+/// Title of the sample incident a test event describes.
+pub const TEST_EVENT_TITLE: &str = "Tocsin test event";
+
+/// A validated change of a webhook. Retry fields left out keep their current values.
+#[derive(Debug, Clone, Default)]
+pub struct WebhookPatch {
+    /// Every change but the retry settings (`changes.retry` is ignored).
+    pub changes: WebhookChanges,
+    pub max_attempts: Option<u8>,
+    pub timeout_ms: Option<u32>,
+}
+
+/// Applies a patch, merging partial retry settings into the current ones under a row lock.
+pub async fn update_webhook(
+    conn: &mut AsyncPgConnection,
+    id: Uuid,
+    patch: &WebhookPatch,
+) -> Result<Webhook, DbError> {
+    conn.transaction::<_, DbError, _>(async |conn| {
+        let mut changes = patch.changes.clone();
+        changes.retry = None;
+        if patch.max_attempts.is_some() || patch.timeout_ms.is_some() {
+            let current = webhooks::get_for_update(conn, id).await?.retry;
+            let max_attempts = patch.max_attempts.unwrap_or(current.max_attempts());
+            let timeout_ms = patch.timeout_ms.unwrap_or(current.timeout_ms());
+            let merged = RetrySettings::new(max_attempts.into(), timeout_ms.into())
+                .map_err(|e| DbError::Corrupt(format!("merged retry settings: {e}")))?;
+            changes.retry = Some(merged);
+        }
+        webhooks::update(conn, id, &changes).await
+    })
+    .await
+}
+
+/// Records a sample `incidents.opened` event for one webhook only; returns it.
+pub async fn record_test_event(
+    conn: &mut AsyncPgConnection,
+    webhook_id: Uuid,
+) -> Result<NewEvent, DbError> {
+    let payload = EventPayload {
+        event: EventKind::IncidentOpened,
+        timestamp: OffsetDateTime::now_utc(),
+        data: IncidentData {
+            id: Uuid::now_v7(),
+            title: TEST_EVENT_TITLE.to_owned(),
+            severity: Severity::SEV5,
+            status: IncidentStatus::Triggered,
+            previous_status: None,
+        },
+    };
+    let event = NewEvent::new(&payload, Some(webhook_id));
+    conn.transaction::<_, DbError, _>(async |conn| {
+        outbox::record_events(conn, std::slice::from_ref(&event)).await
+    })
+    .await?;
+    Ok(event)
+}
+
+/// Enqueues one immediate manual attempt of each delivery.
+pub async fn enqueue_manual_attempts(
+    conn: &mut AsyncPgConnection,
+    delivery_ids: &[Uuid],
+) -> Result<(), DbError> {
+    conn.transaction::<_, DbError, _>(async |conn| enqueue_chunked(conn, delivery_ids).await)
+        .await
+}
+
+/// Enqueues a manual attempt of every failed delivery of a webhook created since `since`;
+/// returns how many.
+pub async fn recover_failed(
+    conn: &mut AsyncPgConnection,
+    webhook_id: Uuid,
+    since: OffsetDateTime,
+) -> Result<usize, DbError> {
+    conn.transaction::<_, DbError, _>(async |conn| {
+        let ids = deliveries::failed_since(conn, webhook_id, since).await?;
+        enqueue_chunked(conn, &ids).await?;
+        Ok(ids.len())
+    })
+    .await
+}
+
+async fn enqueue_chunked(conn: &mut AsyncPgConnection, ids: &[Uuid]) -> Result<(), DbError> {
+    for chunk in ids.chunks(ENQUEUE_CHUNK) {
+        outbox::enqueue_attempt(conn, chunk, Trigger::Manual).await?;
+    }
+    Ok(())
+}
