@@ -4,7 +4,7 @@ use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry,
 };
-use tocsin_web::metrics::LATENCY_BUCKETS;
+use tocsin_web::metrics::{LAG_BUCKETS, LATENCY_BUCKETS};
 
 #[derive(Clone)]
 pub(crate) struct DispatcherMetrics {
@@ -46,7 +46,7 @@ impl DispatcherMetrics {
                 "tocsin_dispatcher_event_lag_seconds",
                 "Time from an event to the start of the first attempt of each of its deliveries.",
             )
-            .buckets(LATENCY_BUCKETS.to_vec()),
+            .buckets(LAG_BUCKETS.to_vec()),
         )?;
         let deliveries_created = IntCounter::new(
             "tocsin_dispatcher_deliveries_created_total",

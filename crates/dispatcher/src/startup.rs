@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::{web, HttpServer};
+use actix_web::web;
 use anyhow::Context as _;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
@@ -17,7 +17,7 @@ use tocsin_domain::amqp::topology::DELIVERY_ROUTING_KEY;
 use tocsin_domain::amqp::{run_consumer, string_header, Broker, ConsumerOptions, Outgoing};
 use tocsin_domain::db::{self, DbError, DbPool};
 use tocsin_domain::RetrySchedule;
-use tocsin_web::{health, metrics, Background, HttpMetrics, Readiness, Service};
+use tocsin_web::{Background, HttpMetrics, Readiness, Service};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -233,18 +233,15 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     };
     let listener = tocsin_web::service::bind(&config.addr, "TOCSIN_DISPATCHER_ADDR")?;
     let port = listener.local_addr()?.port();
-    let server = HttpServer::new(move || {
-        actix_web::App::new()
-            .wrap_fn(metrics::middleware(http_metrics.clone()))
-            .configure(|cfg| health::configure(cfg, readiness.clone()))
-            .configure(|cfg| metrics::configure(cfg, http_metrics.clone()))
-            .default_service(web::to(tocsin_web::error::not_found))
-    })
-    .disable_signals()
-    .workers(1)
-    .shutdown_timeout(2)
-    .listen(listener)?
-    .run();
+    // Health and metrics only: one worker is plenty.
+    let server = tocsin_web::service::serve(
+        listener,
+        |_: &mut web::ServiceConfig| {},
+        http_metrics,
+        readiness,
+        Duration::from_secs(2),
+        Some(1),
+    )?;
 
     let instance = format!("{}-{}", std::process::id(), Uuid::now_v7().simple());
     let topology = broker.topology().clone();

@@ -2,15 +2,14 @@
 
 use std::sync::Arc;
 
-use actix_web::http::header::CONTENT_LENGTH;
 use actix_web::{web, HttpRequest, HttpResponse};
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tocsin_domain::alerts::{self, AlertAction, AlertError, AlertFormat};
 use tocsin_domain::db::incidents::{self, Change, SignalOutcome};
 use tocsin_domain::db::{tokens, DbError, DbPool};
 use tocsin_domain::{AccessToken, EventKind, IncidentStatus};
 use tocsin_web::auth::bearer_token;
+use tocsin_web::body::{read_limited, BodyError};
 use tocsin_web::{json, ApiError};
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -182,7 +181,12 @@ async fn handle(
         .as_deref()
         .map(str::parse::<AlertFormat>)
         .transpose()?;
-    let body = read_body(req, payload, state.body_limit).await?;
+    let body = read_limited(req, payload, state.body_limit)
+        .await
+        .map_err(|error| match error {
+            BodyError::TooLarge { limit } => IngestError::TooLarge { limit },
+            BodyError::Read(message) => IngestError::Read(message),
+        })?;
     let parsed = alerts::parse(&body, format)?;
     *format_label = parsed.format.as_str();
     let reply_key = parsed.signals.iter().find_map(|s| s.reply_key.clone());
@@ -208,29 +212,4 @@ async fn authenticate(req: &HttpRequest, pool: &DbPool) -> Result<Uuid, IngestEr
     tokens::authenticate(&mut conn, &presented)
         .await?
         .ok_or(IngestError::Unauthorized)
-}
-
-/// Reads the body, refusing it as soon as it passes the limit.
-async fn read_body(
-    req: &HttpRequest,
-    mut payload: web::Payload,
-    limit: usize,
-) -> Result<Vec<u8>, IngestError> {
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|length| length > limit) {
-        return Err(IngestError::TooLarge { limit });
-    }
-    let mut body = Vec::with_capacity(declared.unwrap_or(4096).min(limit));
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| IngestError::Read(e.to_string()))?;
-        if body.len() + chunk.len() > limit {
-            return Err(IngestError::TooLarge { limit });
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }

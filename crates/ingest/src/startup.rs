@@ -1,13 +1,11 @@
 //! Building the ingest service: pool, broker, outbox relay, HTTP server.
 
-use std::time::Duration;
-
-use actix_web::{web, HttpServer};
+use actix_web::web;
 use anyhow::Context;
 use prometheus::Registry;
 use tocsin_domain::db;
 use tocsin_domain::relay::OutboxRelay;
-use tocsin_web::{health, metrics, Background, HttpMetrics, Readiness, Service};
+use tocsin_web::{Background, HttpMetrics, Readiness, Service};
 
 use crate::config::Config;
 use crate::metrics::IngestMetrics;
@@ -48,24 +46,19 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let port = listener.local_addr()?.port();
     let query_config =
         web::QueryConfig::default().error_handler(tocsin_web::error::query_error_handler);
-    let mut server = HttpServer::new(move || {
-        actix_web::App::new()
-            .wrap_fn(metrics::middleware(http_metrics.clone()))
-            .app_data(state.clone())
+    let routes = move |cfg: &mut web::ServiceConfig| {
+        cfg.app_data(state.clone())
             .app_data(query_config.clone())
-            .configure(|cfg| health::configure(cfg, readiness.clone()))
-            .configure(|cfg| metrics::configure(cfg, http_metrics.clone()))
-            .route("/api/v1/webhooks/alerts", web::post().to(receive_alerts))
-            .default_service(web::to(tocsin_web::error::not_found))
-    })
-    .disable_signals()
-    .shutdown_timeout(common.shutdown_timeout.as_secs())
-    .client_request_timeout(Duration::from_secs(10))
-    .client_disconnect_timeout(Duration::from_secs(2));
-    if let Some(workers) = config.workers {
-        server = server.workers(workers.max(1));
-    }
-    let server = server.listen(listener)?.run();
+            .route("/api/v1/webhooks/alerts", web::post().to(receive_alerts));
+    };
+    let server = tocsin_web::service::serve(
+        listener,
+        routes,
+        http_metrics,
+        readiness,
+        common.shutdown_timeout,
+        config.workers,
+    )?;
 
     let mut background = Background::new();
     background.spawn("outbox-relay", relay.run(background.token()));

@@ -9,9 +9,15 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
 };
 
-/// Latency buckets in seconds, from 1 ms to 10 s.
+/// Latency buckets in seconds, from 1 ms to 30 s (the longest webhook timeout).
 pub const LATENCY_BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0,
+];
+
+/// Buckets for lags, from 1 ms to 2 h (the last retry delay), so that a backlog shows.
+pub const LAG_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+    900.0, 1800.0, 3600.0, 7200.0,
 ];
 
 /// HTTP request metrics of a service.

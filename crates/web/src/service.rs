@@ -145,6 +145,41 @@ async fn shutdown_signal() -> &'static str {
     }
 }
 
+/// Starts a Tocsin HTTP server on `listener`: every request is measured, `/healthz`,
+/// `/readyz` and `/metrics` are served beside the routes `routes` adds, and unknown routes get
+/// the common 404. Signals are the service's to handle (graceful stop), in-flight requests get
+/// `shutdown_timeout` to finish, slow clients are cut off (a request's head must arrive within
+/// 10 s, so slowloris clients cannot hold workers), and `workers` threads serve (one per CPU
+/// when `None`).
+pub fn serve<R>(
+    listener: std::net::TcpListener,
+    routes: R,
+    http_metrics: crate::HttpMetrics,
+    readiness: crate::Readiness,
+    shutdown_timeout: Duration,
+    workers: Option<usize>,
+) -> std::io::Result<actix_web::dev::Server>
+where
+    R: Fn(&mut actix_web::web::ServiceConfig) + Send + Clone + 'static,
+{
+    let mut server = actix_web::HttpServer::new(move || {
+        actix_web::App::new()
+            .wrap_fn(crate::metrics::middleware(http_metrics.clone()))
+            .configure(|cfg| crate::health::configure(cfg, readiness.clone()))
+            .configure(|cfg| crate::metrics::configure(cfg, http_metrics.clone()))
+            .configure(routes.clone())
+            .default_service(actix_web::web::to(crate::error::not_found))
+    })
+    .disable_signals()
+    .shutdown_timeout(shutdown_timeout.as_secs())
+    .client_request_timeout(Duration::from_secs(10))
+    .client_disconnect_timeout(Duration::from_secs(2));
+    if let Some(workers) = workers {
+        server = server.workers(workers.max(1));
+    }
+    Ok(server.listen(listener)?.run())
+}
+
 /// Binds a listener, failing with a line that names the setting.
 pub fn bind(address: &str, setting: &str) -> anyhow::Result<std::net::TcpListener> {
     std::net::TcpListener::bind(address)
