@@ -57,6 +57,8 @@ impl Received {
 #[derive(Default)]
 struct State {
     received: Vec<Received>,
+    /// Answers for given paths, ahead of the script and the default.
+    by_path: std::collections::HashMap<String, Behavior>,
     /// Answers for the next requests, in order; then `default`.
     script: VecDeque<Behavior>,
     default: Option<Behavior>,
@@ -116,6 +118,15 @@ impl Receiver {
         state.default = Some(behavior);
     }
 
+    /// Answers every request for `path` this way (ahead of the script and the default).
+    pub fn set_path_behavior(&self, path: &str, behavior: Behavior) {
+        self.state
+            .lock()
+            .expect("receiver state")
+            .by_path
+            .insert(path.to_owned(), behavior);
+    }
+
     /// Answers the next requests in this order, then falls back to the default.
     pub fn script(&self, answers: impl IntoIterator<Item = Behavior>) {
         self.state.lock().expect("receiver state").script = answers.into_iter().collect();
@@ -169,6 +180,7 @@ async fn handle(
         .unwrap_or_default();
     let behavior = {
         let mut state = state.lock().expect("receiver state");
+        let for_path = state.by_path.get(&path).cloned();
         state.received.push(Received {
             method,
             path,
@@ -176,9 +188,8 @@ async fn handle(
             body,
             at,
         });
-        state
-            .script
-            .pop_front()
+        for_path
+            .or_else(|| state.script.pop_front())
             .or_else(|| state.default.clone())
             .unwrap_or(Behavior::Status(200))
     };

@@ -1,0 +1,136 @@
+//! The whole of Tocsin in one test process: a database and AMQP prefix of its own, ingest,
+//! dispatcher and admin on port 0, an inbound token and an admin token, and a real receiver.
+
+use std::time::Duration;
+
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use serde_json::Value;
+use tocsin_domain::config::CommonConfig;
+use tocsin_domain::db::tokens;
+use tocsin_testkit::{amqp_url, TestDb, TestPrefix};
+use tokio_util::sync::CancellationToken;
+
+/// The admin token of test systems.
+pub const ADMIN_TOKEN: &str = "e2e-admin-token-0123456789";
+
+/// A running system.
+pub struct System {
+    pub db: TestDb,
+    pub prefix: TestPrefix,
+    pub ingest: String,
+    pub admin: String,
+    pub dispatcher: String,
+    /// An inbound token for the ingest endpoint.
+    pub inbound_token: String,
+    pub client: reqwest::Client,
+    services: Vec<(
+        CancellationToken,
+        tokio::task::JoinHandle<anyhow::Result<()>>,
+    )>,
+}
+
+impl System {
+    /// Starts ingest, dispatcher and admin with the given retry delays.
+    pub async fn start(delays: &str) -> System {
+        let db = TestDb::new().await;
+        let prefix = TestPrefix::new();
+        let mut common = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix);
+        common.retry_delays = delays.parse().expect("test delays");
+        common.shutdown_timeout = Duration::from_secs(3);
+        let ingest = tocsin_ingest::build(tocsin_ingest::Config::for_tests(common.clone()))
+            .await
+            .expect("ingest");
+        let dispatcher =
+            tocsin_dispatcher::build(tocsin_dispatcher::Config::for_tests(common.clone()))
+                .await
+                .expect("dispatcher");
+        let admin = tocsin_admin::build(tocsin_admin::Config::for_tests(common, ADMIN_TOKEN))
+            .await
+            .expect("admin");
+        let url = |port: u16| format!("http://127.0.0.1:{port}");
+        let (ingest_url, dispatcher_url, admin_url) = (
+            url(ingest.port()),
+            url(dispatcher.port()),
+            url(admin.port()),
+        );
+        let mut services = Vec::new();
+        for app in [ingest, dispatcher, admin] {
+            let stop = app.stop_token();
+            services.push((stop, tokio::spawn(app.run_until_stopped())));
+        }
+        let mut conn = AsyncPgConnection::establish(&db.url)
+            .await
+            .expect("database");
+        let inbound_token = tokens::create(&mut conn, "e2e")
+            .await
+            .expect("token")
+            .1
+            .expose()
+            .to_owned();
+        System {
+            db,
+            prefix,
+            ingest: ingest_url,
+            admin: admin_url,
+            dispatcher: dispatcher_url,
+            inbound_token,
+            client: reqwest::Client::new(),
+            services,
+        }
+    }
+
+    /// Calls the admin API; returns the status and the JSON body (`Null` when there is none).
+    pub async fn api(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .client
+            .request(method, format!("{}{path}", self.admin))
+            .bearer_auth(ADMIN_TOKEN);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("calling admin");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Posts an alert body to ingest; returns the status and the JSON body.
+    pub async fn alert(&self, body: &Value) -> (u16, Value) {
+        let response = self
+            .client
+            .post(format!("{}/api/v1/webhooks/alerts", self.ingest))
+            .bearer_auth(&self.inbound_token)
+            .json(body)
+            .send()
+            .await
+            .expect("calling ingest");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The `/metrics` text of a service base URL.
+    pub async fn metrics(&self, base: &str) -> String {
+        self.client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
+    /// Stops every service gracefully.
+    pub async fn stop(self) {
+        for (stop, task) in self.services {
+            stop.cancel();
+            task.await
+                .expect("service task")
+                .expect("service stopped cleanly");
+        }
+    }
+}
