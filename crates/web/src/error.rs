@@ -217,6 +217,21 @@ pub fn path_error_handler(
     ApiError::not_found("resource").into()
 }
 
+/// 405 for a read-only resource asked with another method, with the `Allow` header RFC 9110
+/// requires.
+pub async fn get_only() -> HttpResponse {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this path only takes GET",
+    )
+    .with_header(
+        actix_web::http::header::ALLOW,
+        HeaderValue::from_static("GET"),
+    )
+    .error_response()
+}
+
 /// The common shape for a route that does not exist.
 pub async fn not_found() -> HttpResponse {
     ApiError::not_found("route").error_response()

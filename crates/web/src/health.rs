@@ -37,8 +37,16 @@ impl Readiness {
 /// Adds `/healthz` and `/readyz`.
 pub fn configure(cfg: &mut web::ServiceConfig, readiness: Readiness) {
     cfg.app_data(web::Data::new(readiness))
-        .route("/healthz", web::get().to(healthz))
-        .route("/readyz", web::get().to(readyz));
+        .service(
+            web::resource("/healthz")
+                .route(web::get().to(healthz))
+                .default_service(web::to(crate::error::get_only)),
+        )
+        .service(
+            web::resource("/readyz")
+                .route(web::get().to(readyz))
+                .default_service(web::to(crate::error::get_only)),
+        );
 }
 
 async fn healthz() -> HttpResponse {

@@ -16,8 +16,8 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 
 /// Buckets for lags, from 1 ms to 2 h (the last retry delay), so that a backlog shows.
 pub const LAG_BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-    900.0, 1800.0, 3600.0, 7200.0,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    300.0, 900.0, 1800.0, 3600.0, 7200.0,
 ];
 
 /// HTTP request metrics of a service.
@@ -81,8 +81,11 @@ pub fn render(registry: &Registry) -> String {
 
 /// Adds `/metrics`.
 pub fn configure(cfg: &mut web::ServiceConfig, metrics: HttpMetrics) {
-    cfg.app_data(web::Data::new(metrics))
-        .route("/metrics", web::get().to(metrics_endpoint));
+    cfg.app_data(web::Data::new(metrics)).service(
+        web::resource("/metrics")
+            .route(web::get().to(metrics_endpoint))
+            .default_service(web::to(crate::error::get_only)),
+    );
 }
 
 async fn metrics_endpoint(metrics: web::Data<HttpMetrics>) -> HttpResponse {
