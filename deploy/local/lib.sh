@@ -103,3 +103,20 @@ ensure_nextest() {
     cargo install --locked cargo-nextest
   fi
 }
+
+# The browser test (crates/e2e/tests/browser.rs) drives Debian's Chromium with Playwright's
+# library (npm playwright-core, pinned by crates/e2e/tests/browser/package-lock.json). No
+# browser is downloaded: Playwright launches /usr/bin/chromium.
+ensure_browser_tools() {
+  if [ ! -x /usr/bin/chromium ]; then apt_install chromium; fi
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    apt_install nodejs npm
+  fi
+  local dir="$TOCSIN_ROOT/crates/e2e/tests/browser"
+  local stamp="$dir/node_modules/.tocsin-package-lock.json"
+  if [ ! -d "$dir/node_modules/playwright-core" ] || ! cmp -s "$dir/package-lock.json" "$stamp"; then
+    say "installing the browser test's npm packages (npm ci)"
+    npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error
+    cp "$dir/package-lock.json" "$stamp"
+  fi
+}

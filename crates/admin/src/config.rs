@@ -12,10 +12,11 @@
 //! | `TOCSIN_ADMIN_BODY_LIMIT` | `1048576` | largest accepted request body, bytes (1 MiB) |
 //! | `TOCSIN_OUTBOX_POLL` | `1s` | fallback poll of the outbox relay |
 //! | `TOCSIN_HTTP_WORKERS` | CPU count | HTTP worker threads |
+//! | `TOCSIN_SECURE_COOKIES` | `false` | mark the settings pages' session cookie `Secure` (set it when admin is reached over HTTPS) |
 //!
-//! Inbound token commands (`tocsin-admin token create --name NAME`, `token list`,
-//! `token revoke ID`) read only the common settings (in practice `DATABASE_URL`), migrate the
-//! database first, and need no admin token.
+//! The operator commands (`tocsin-admin token create --name NAME`, `token list`,
+//! `token revoke ID`, `migrate`, `deliveries failed|retry|recover`, `prune`) read only the common
+//! settings (in practice `DATABASE_URL`), migrate the database first, and need no admin token.
 
 use std::fmt;
 use std::str::FromStr;
@@ -50,6 +51,14 @@ impl AdminToken {
     /// Constant-time comparison with a presented token.
     pub fn matches(&self, presented: &str) -> bool {
         tocsin_domain::constant_time_eq(&self.0, presented)
+    }
+
+    /// A key derived from the token for one purpose: HMAC-SHA256(token, purpose). Changing the
+    /// token changes every derived key.
+    pub(crate) fn derive_key(&self, purpose: &str) -> ring::hmac::Key {
+        let token = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, self.0.as_bytes());
+        let derived = ring::hmac::sign(&token, purpose.as_bytes());
+        ring::hmac::Key::new(ring::hmac::HMAC_SHA256, derived.as_ref())
     }
 }
 
@@ -112,6 +121,16 @@ pub struct Config {
     /// HTTP worker threads (default: one per CPU).
     #[arg(long, env = "TOCSIN_HTTP_WORKERS", value_name = "TOCSIN_HTTP_WORKERS")]
     pub workers: Option<usize>,
+
+    /// Mark the settings pages' session cookie `Secure` (when admin is reached over HTTPS).
+    #[arg(
+        long,
+        env = "TOCSIN_SECURE_COOKIES",
+        value_name = "TOCSIN_SECURE_COOKIES",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    pub secure_cookies: bool,
 }
 
 impl Config {
@@ -125,6 +144,7 @@ impl Config {
             body_limit: 1024 * 1024,
             outbox_poll: Duration::from_millis(500),
             workers: Some(1),
+            secure_cookies: false,
         }
     }
 }
@@ -283,6 +303,7 @@ mod tests {
         assert_eq!(config.addr, "127.0.0.1:0");
         assert_eq!(config.secret_grace, Duration::from_secs(86_400));
         assert_eq!(config.body_limit, 1024 * 1024);
+        assert!(!config.secure_cookies);
         assert!(config.admin_token.unwrap().check().is_ok());
     }
 

@@ -52,7 +52,8 @@ impl AdminError {
         }
     }
 
-    fn to_api_error(&self) -> ApiError {
+    /// The API's answer: status, code and message (logging an unexpected cause).
+    pub(crate) fn to_api_error(&self) -> ApiError {
         match self {
             AdminError::Request(error) => error.clone(),
             AdminError::Invalid { field, message } => ApiError::invalid(field.clone(), message),

@@ -1,18 +1,23 @@
 //! `tocsin-admin`: how operators and their automation configure Tocsin and read what happened.
 //! A JSON API under `/api/v1` behind the admin token — outbound webhooks and their secrets, the
 //! delivery log with manual and bulk retry, incident status changes, inbound tokens — with its
-//! OpenAPI document, plus `token` subcommands for scripts. Writes that emit events or attempts
+//! OpenAPI document; the settings pages under `/settings/` (sign-in with the admin token,
+//! webhooks, the delivery log with its Retry button, incidents), rendered by the service itself;
+//! plus `token` subcommands for scripts. Writes that emit events or attempts
 //! go through the transactional outbox; the relay running here publishes them.
 
+mod actions;
 mod auth;
 pub mod cli;
 mod config;
 mod error;
 pub mod openapi;
+mod pages;
 mod routes;
 mod schema;
 mod startup;
 mod store;
+mod validation;
 
 pub use config::{AdminToken, Cli, Command, Config, TokenAction, TokenArgs};
 pub use startup::{build, App};

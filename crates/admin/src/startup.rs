@@ -1,4 +1,5 @@
-//! Building the admin service: pool, broker, outbox relay, HTTP server.
+//! Building the admin service: pool, broker, outbox relay, HTTP server (the API under
+//! `/api/v1`, the settings pages under `/settings/`).
 
 use actix_web::middleware::from_fn;
 use actix_web::web;
@@ -11,6 +12,7 @@ use tocsin_web::{Background, HttpMetrics, Readiness, Service};
 use crate::auth::require_admin_token;
 use crate::config::Config;
 use crate::openapi::{self, OpenApiJson};
+use crate::pages::{self, PagesState};
 use crate::routes::{self, AdminState};
 
 /// The running admin service.
@@ -46,6 +48,12 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         secret_grace: config.secret_grace,
         body_limit: config.body_limit,
     });
+    let pages_state = web::Data::new(PagesState::new(
+        &token,
+        config.secure_cookies,
+        common.retry_delays.clone(),
+        config.body_limit,
+    ));
     let token = web::Data::new(token);
     let document = web::Data::new(OpenApiJson(openapi::document()));
     let readiness = Readiness { pool, broker };
@@ -60,6 +68,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         cfg.app_data(state.clone())
             .app_data(token.clone())
             .app_data(document.clone())
+            .app_data(pages_state.clone())
             .app_data(query_config.clone())
             .app_data(path_config.clone())
             .route("/api/v1/openapi.json", web::get().to(openapi::openapi_json))
@@ -68,7 +77,8 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
                     .wrap(from_fn(require_admin_token))
                     .configure(routes::configure)
                     .default_service(web::to(tocsin_web::error::not_found)),
-            );
+            )
+            .configure(pages::configure);
     };
     let server = tocsin_web::service::serve(
         listener,

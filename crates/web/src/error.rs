@@ -217,19 +217,23 @@ pub fn path_error_handler(
     ApiError::not_found("resource").into()
 }
 
-/// 405 for a read-only resource asked with another method, with the `Allow` header RFC 9110
-/// requires.
-pub async fn get_only() -> HttpResponse {
+/// 405 with the `Allow` header RFC 9110 requires, listing the methods the resource takes.
+pub fn method_not_allowed(allow: &'static str) -> HttpResponse {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
-        "this path only takes GET",
+        format!("this path takes {allow} only"),
     )
     .with_header(
         actix_web::http::header::ALLOW,
-        HeaderValue::from_static("GET"),
+        HeaderValue::from_static(allow),
     )
     .error_response()
+}
+
+/// 405 for a read-only resource asked with another method.
+pub async fn get_only() -> HttpResponse {
+    method_not_allowed("GET")
 }
 
 /// The common shape for a route that does not exist.

@@ -4,15 +4,13 @@ use actix_web::{web, HttpResponse};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use tocsin_domain::db::deliveries::{self as repo, DeliveryFilter, DeliveryState};
-use tocsin_domain::db::webhooks;
 use tocsin_domain::EventKind;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::webhooks::ensure_deliverable;
 use super::{page, param, rfc3339, AdminState};
 use crate::error::{AdminError, OrNotFound};
-use crate::{schema, store};
+use crate::{actions, schema};
 
 /// A delivery of one event to one webhook.
 #[derive(Debug, Serialize, ToSchema)]
@@ -247,13 +245,7 @@ pub async fn retry(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, AdminError> {
-    let mut conn = state.conn().await?;
-    let delivery = repo::get(&mut conn, *id).await.or_not_found("delivery")?;
-    let webhook = webhooks::get_any(&mut conn, delivery.webhook_id).await?;
-    ensure_deliverable(&webhook)?;
-    store::enqueue_manual_attempts(&mut conn, &[delivery.id]).await?;
-    state.wake_relay();
-    tracing::info!(delivery = %delivery.id, "manual retry enqueued");
+    let delivery = actions::retry_delivery(&state, *id).await?;
     Ok(HttpResponse::Accepted().json(RetryAccepted {
         delivery_id: delivery.id,
         status: "enqueued",

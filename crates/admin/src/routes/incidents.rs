@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::{page, param, AdminState};
 use crate::error::{AdminError, OrNotFound};
-use crate::schema;
+use crate::{actions, schema};
 
 /// An incident.
 #[derive(Debug, Serialize, ToSchema)]
@@ -184,12 +184,7 @@ pub async fn update(
         .status
         .parse::<IncidentStatus>()
         .map_err(|e| AdminError::invalid("status", e))?;
-    let mut conn = state.conn().await?;
-    let (incident, events) = repo::change_status(&mut conn, *id, to).await?;
-    if !events.is_empty() {
-        state.wake_relay();
-        tracing::info!(incident = %incident.id, status = %incident.status, "incident status changed");
-    }
+    let (incident, events) = actions::change_incident_status(&state, *id, to).await?;
     Ok(HttpResponse::Ok().json(IncidentChanged {
         incident: incident.into(),
         events: events.iter().map(|e| e.kind).collect(),

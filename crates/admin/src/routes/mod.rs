@@ -9,8 +9,7 @@ pub mod webhooks;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use actix_web::{web, HttpRequest};
 use serde::de::DeserializeOwned;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
@@ -103,50 +102,49 @@ pub fn rfc3339(text: &str) -> Result<OffsetDateTime, String> {
 
 /// Mounts every `/api/v1` route (the caller adds the prefix and the admin token check).
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    let resource = |path: &str| web::resource(path).default_service(web::to(method_not_allowed));
+    let resource = |path: &str, allow: &'static str| {
+        web::resource(path).default_service(web::to(move || async move {
+            tocsin_web::error::method_not_allowed(allow)
+        }))
+    };
     cfg.service(
-        resource("/webhooks")
+        resource("/webhooks", "GET, POST")
             .route(web::get().to(webhooks::list))
             .route(web::post().to(webhooks::create)),
     )
     .service(
-        resource("/webhooks/{id}")
+        resource("/webhooks/{id}", "GET, PATCH, DELETE")
             .route(web::get().to(webhooks::get))
             .route(web::patch().to(webhooks::update))
             .route(web::delete().to(webhooks::delete)),
     )
     .service(
-        resource("/webhooks/{id}/reveal-secret").route(web::post().to(webhooks::reveal_secret)),
+        resource("/webhooks/{id}/reveal-secret", "POST")
+            .route(web::post().to(webhooks::reveal_secret)),
     )
     .service(
-        resource("/webhooks/{id}/rotate-secret").route(web::post().to(webhooks::rotate_secret)),
+        resource("/webhooks/{id}/rotate-secret", "POST")
+            .route(web::post().to(webhooks::rotate_secret)),
     )
-    .service(resource("/webhooks/{id}/test").route(web::post().to(webhooks::send_test_event)))
-    .service(resource("/webhooks/{id}/recover").route(web::post().to(webhooks::recover)))
-    .service(resource("/deliveries").route(web::get().to(deliveries::list)))
-    .service(resource("/deliveries/{id}").route(web::get().to(deliveries::get)))
-    .service(resource("/deliveries/{id}/retry").route(web::post().to(deliveries::retry)))
-    .service(resource("/incidents").route(web::get().to(incidents::list)))
     .service(
-        resource("/incidents/{id}")
+        resource("/webhooks/{id}/test", "POST").route(web::post().to(webhooks::send_test_event)),
+    )
+    .service(resource("/webhooks/{id}/recover", "POST").route(web::post().to(webhooks::recover)))
+    .service(resource("/deliveries", "GET").route(web::get().to(deliveries::list)))
+    .service(resource("/deliveries/{id}", "GET").route(web::get().to(deliveries::get)))
+    .service(resource("/deliveries/{id}/retry", "POST").route(web::post().to(deliveries::retry)))
+    .service(resource("/incidents", "GET").route(web::get().to(incidents::list)))
+    .service(
+        resource("/incidents/{id}", "GET, PATCH")
             .route(web::get().to(incidents::get))
             .route(web::patch().to(incidents::update)),
     )
     .service(
-        resource("/tokens")
+        resource("/tokens", "GET, POST")
             .route(web::get().to(tokens::list))
             .route(web::post().to(tokens::create)),
     )
-    .service(resource("/tokens/{id}").route(web::delete().to(tokens::revoke)));
-}
-
-async fn method_not_allowed() -> HttpResponse {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        "this path does not take that method",
-    )
-    .error_response()
+    .service(resource("/tokens/{id}", "DELETE").route(web::delete().to(tokens::revoke)));
 }
 
 #[cfg(test)]

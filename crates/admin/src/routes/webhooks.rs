@@ -6,15 +6,17 @@ use std::collections::BTreeSet;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Deserializer, Serialize};
 use time::OffsetDateTime;
-use tocsin_domain::db::webhooks::{self as repo, NewWebhook as NewRecord, WebhookChanges};
-use tocsin_domain::{EventKind, RetrySettings, TargetUrl, WebhookName};
+use tocsin_domain::db::webhooks::{self as repo, NewWebhook as NewRecord};
+use tocsin_domain::EventKind;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::{page, rfc3339, AdminState};
+use crate::actions;
 use crate::error::{AdminError, OrNotFound};
 use crate::schema;
-use crate::store::{self, WebhookPatch};
+use crate::store::WebhookPatch;
+use crate::validation::{self, WebhookInput};
 
 /// An outbound webhook. Its secret is shown only at creation, by `reveal-secret` and by
 /// `rotate-secret`.
@@ -202,91 +204,31 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
     T::deserialize(d).map(Some)
 }
 
-fn parse_name(raw: &str) -> Result<WebhookName, AdminError> {
-    WebhookName::parse(raw).map_err(|e| AdminError::invalid("name", e))
-}
-
-fn parse_url(raw: &str) -> Result<TargetUrl, AdminError> {
-    TargetUrl::parse(raw).map_err(|e| AdminError::invalid("url", e))
-}
-
-fn parse_events(raw: &[String]) -> Result<BTreeSet<EventKind>, AdminError> {
-    if raw.is_empty() {
-        return Err(AdminError::invalid(
-            "events",
-            "must list at least one event kind",
-        ));
-    }
-    raw.iter()
-        .enumerate()
-        .map(|(i, kind)| {
-            kind.parse::<EventKind>()
-                .map_err(|e| AdminError::invalid(format!("events[{i}]"), e))
-        })
-        .collect()
-}
-
-/// Checks each given retry field on its own; returns them as the domain holds them.
-fn parse_retry_fields(input: &RetryInput) -> Result<(Option<u8>, Option<u32>), AdminError> {
-    let defaults = RetrySettings::default();
-    let check = |max: i64, timeout: i64| {
-        RetrySettings::new(max, timeout).map_err(|e| AdminError::invalid(e.field(), e))
-    };
-    let max_attempts = input
-        .max_attempts
-        .map(|max| check(max, defaults.timeout_ms().into()).map(RetrySettings::max_attempts))
-        .transpose()?;
-    let timeout_ms = input
-        .timeout_ms
-        .map(|timeout| {
-            check(defaults.max_attempts().into(), timeout).map(RetrySettings::timeout_ms)
-        })
-        .transpose()?;
-    Ok((max_attempts, timeout_ms))
-}
-
 impl NewWebhook {
     fn validate(&self) -> Result<NewRecord, AdminError> {
-        let name = parse_name(&self.name)?;
-        let url = parse_url(&self.url)?;
-        let events = parse_events(&self.events)?;
-        let defaults = RetrySettings::default();
-        let (max_attempts, timeout_ms) = match &self.retry {
-            Some(retry) => parse_retry_fields(retry)?,
-            None => (None, None),
-        };
-        let retry = RetrySettings::new(
-            max_attempts.unwrap_or(defaults.max_attempts()).into(),
-            timeout_ms.unwrap_or(defaults.timeout_ms()).into(),
-        )
-        .map_err(|e| AdminError::invalid(e.field(), e))?;
-        Ok(NewRecord {
-            name,
-            url,
-            events,
-            retry,
-            enabled: self.enabled.unwrap_or(true),
-        })
+        let retry = self.retry.as_ref();
+        Ok(validation::new_webhook(&WebhookInput {
+            name: Some(&self.name),
+            url: Some(&self.url),
+            events: Some(&self.events),
+            max_attempts: retry.and_then(|r| r.max_attempts),
+            timeout_ms: retry.and_then(|r| r.timeout_ms),
+            enabled: self.enabled,
+        })?)
     }
 }
 
 impl WebhookChange {
     fn validate(&self) -> Result<WebhookPatch, AdminError> {
-        let (max_attempts, timeout_ms) = match &self.retry {
-            Some(retry) => parse_retry_fields(retry)?,
-            None => (None, None),
-        };
-        Ok(WebhookPatch {
-            changes: WebhookChanges {
-                name: self.name.as_deref().map(parse_name).transpose()?,
-                url: self.url.as_deref().map(parse_url).transpose()?,
-                events: self.events.as_deref().map(parse_events).transpose()?,
-                retry: None,
-                enabled: self.enabled,
-            },
-            max_attempts,
-            timeout_ms,
-        })
+        let retry = self.retry.as_ref();
+        Ok(validation::webhook_patch(&WebhookInput {
+            name: self.name.as_deref(),
+            url: self.url.as_deref(),
+            events: self.events.as_deref(),
+            max_attempts: retry.and_then(|r| r.max_attempts),
+            timeout_ms: retry.and_then(|r| r.timeout_ms),
+            enabled: self.enabled,
+        })?)
     }
 }
 
@@ -312,9 +254,7 @@ pub async fn create(
 ) -> Result<HttpResponse, AdminError> {
     let new: NewWebhook = state.json(&req, payload).await?;
     let record = new.validate()?;
-    let mut conn = state.conn().await?;
-    let webhook = repo::create(&mut conn, &record).await?;
-    tracing::info!(webhook = %webhook.id, "webhook created");
+    let webhook = actions::create_webhook(&state, &record).await?;
     Ok(HttpResponse::Created().json(WebhookWithSecret::from(&webhook)))
 }
 
@@ -389,11 +329,7 @@ pub async fn update(
 ) -> Result<HttpResponse, AdminError> {
     let change: WebhookChange = state.json(&req, payload).await?;
     let patch = change.validate()?;
-    let mut conn = state.conn().await?;
-    let webhook = store::update_webhook(&mut conn, *id, &patch)
-        .await
-        .or_not_found("webhook")?;
-    tracing::info!(webhook = %webhook.id, "webhook changed");
+    let webhook = actions::update_webhook(&state, *id, &patch).await?;
     Ok(HttpResponse::Ok().json(Webhook::from(&webhook)))
 }
 
@@ -414,9 +350,7 @@ pub async fn delete(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, AdminError> {
-    let mut conn = state.conn().await?;
-    repo::delete(&mut conn, *id).await.or_not_found("webhook")?;
-    tracing::info!(webhook = %*id, "webhook deleted");
+    actions::delete_webhook(&state, *id).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -459,11 +393,7 @@ pub async fn rotate_secret(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, AdminError> {
-    let mut conn = state.conn().await?;
-    let webhook = repo::rotate_secret(&mut conn, *id, state.secret_grace)
-        .await
-        .or_not_found("webhook")?;
-    tracing::info!(webhook = %webhook.id, "webhook secret rotated");
+    let webhook = actions::rotate_secret(&state, *id).await?;
     Ok(HttpResponse::Ok().json(WebhookWithSecret::from(&webhook)))
 }
 
@@ -485,16 +415,7 @@ pub async fn send_test_event(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, AdminError> {
-    let mut conn = state.conn().await?;
-    let webhook = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
-    if !webhook.enabled {
-        return Err(AdminError::Conflict(
-            "the webhook is disabled; enable it to send it events".into(),
-        ));
-    }
-    let event = store::record_test_event(&mut conn, webhook.id).await?;
-    state.wake_relay();
-    tracing::info!(webhook = %webhook.id, event = %event.id, "test event recorded");
+    let event = actions::send_test_event(&state, *id).await?;
     Ok(HttpResponse::Accepted().json(TestEventAccepted {
         event_id: event.id,
         event: event.kind,
@@ -529,37 +450,14 @@ pub async fn recover(
 ) -> Result<HttpResponse, AdminError> {
     let body: Recover = state.json(&req, payload).await?;
     let since = rfc3339(&body.since).map_err(|e| AdminError::invalid("since", e))?;
-    let mut conn = state.conn().await?;
-    let webhook = repo::get_any(&mut conn, *id)
-        .await
-        .or_not_found("webhook")?;
-    ensure_deliverable(&webhook)?;
-    let retried = store::recover_failed(&mut conn, webhook.id, since).await?;
-    if retried > 0 {
-        state.wake_relay();
-    }
-    tracing::info!(webhook = %webhook.id, retried, "failed deliveries re-enqueued");
+    let retried = actions::recover_failed(&state, *id, since).await?;
     Ok(HttpResponse::Accepted().json(Recovered { retried }))
-}
-
-/// 409 unless the webhook can receive deliveries (not deleted, enabled).
-pub fn ensure_deliverable(webhook: &repo::Webhook) -> Result<(), AdminError> {
-    if webhook.is_deleted() {
-        Err(AdminError::Conflict(
-            "the webhook was deleted; its deliveries can no longer be retried".into(),
-        ))
-    } else if !webhook.enabled {
-        Err(AdminError::Conflict(
-            "the webhook is disabled; enable it before retrying its deliveries".into(),
-        ))
-    } else {
-        Ok(())
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tocsin_domain::RetrySettings;
 
     fn field_of(error: AdminError) -> String {
         match error {

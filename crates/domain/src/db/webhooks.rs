@@ -154,6 +154,20 @@ pub async fn get_any(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Webhook, 
         .try_into()
 }
 
+/// The webhooks with these ids, deleted or not, in no particular order (to name the webhooks
+/// of a page of the delivery log in one query).
+pub async fn get_many_any(
+    conn: &mut AsyncPgConnection,
+    ids: &[Uuid],
+) -> Result<Vec<Webhook>, DbError> {
+    let rows: Vec<WebhookRow> = webhooks::table
+        .filter(webhooks::id.eq_any(ids))
+        .select(WebhookRow::as_select())
+        .load(conn)
+        .await?;
+    rows.into_iter().map(Webhook::try_from).collect()
+}
+
 /// A webhook that has not been deleted.
 pub async fn get(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Webhook, DbError> {
     let webhook = get_any(conn, id).await?;

@@ -1,0 +1,137 @@
+//! What an operator can do, whichever surface asks: the JSON API and the settings pages both
+//! call these, so the checks (no test event for a disabled webhook, no retry for a deleted
+//! one), the log lines and the relay wake-ups are the same for both.
+
+use time::OffsetDateTime;
+use tocsin_domain::db::deliveries::{self, Delivery};
+use tocsin_domain::db::incidents::{self, Incident};
+use tocsin_domain::db::outbox::NewEvent;
+use tocsin_domain::db::webhooks::{self, NewWebhook, Webhook};
+use tocsin_domain::IncidentStatus;
+use uuid::Uuid;
+
+use crate::error::{AdminError, OrNotFound};
+use crate::routes::AdminState;
+use crate::store::{self, WebhookPatch};
+
+/// Creates a webhook with a new signing secret.
+pub async fn create_webhook(state: &AdminState, new: &NewWebhook) -> Result<Webhook, AdminError> {
+    let mut conn = state.conn().await?;
+    let webhook = webhooks::create(&mut conn, new).await?;
+    tracing::info!(webhook = %webhook.id, "webhook created");
+    Ok(webhook)
+}
+
+/// Applies a validated change. Disabling stops the webhook's unfinished deliveries.
+pub async fn update_webhook(
+    state: &AdminState,
+    id: Uuid,
+    patch: &WebhookPatch,
+) -> Result<Webhook, AdminError> {
+    let mut conn = state.conn().await?;
+    let webhook = store::update_webhook(&mut conn, id, patch)
+        .await
+        .or_not_found("webhook")?;
+    tracing::info!(webhook = %webhook.id, "webhook changed");
+    Ok(webhook)
+}
+
+/// Deletes a webhook; its delivery log stays readable.
+pub async fn delete_webhook(state: &AdminState, id: Uuid) -> Result<(), AdminError> {
+    let mut conn = state.conn().await?;
+    webhooks::delete(&mut conn, id)
+        .await
+        .or_not_found("webhook")?;
+    tracing::info!(webhook = %id, "webhook deleted");
+    Ok(())
+}
+
+/// Issues a new signing secret; the old one keeps signing for the grace period.
+pub async fn rotate_secret(state: &AdminState, id: Uuid) -> Result<Webhook, AdminError> {
+    let mut conn = state.conn().await?;
+    let webhook = webhooks::rotate_secret(&mut conn, id, state.secret_grace)
+        .await
+        .or_not_found("webhook")?;
+    tracing::info!(webhook = %webhook.id, "webhook secret rotated");
+    Ok(webhook)
+}
+
+/// Records a sample `incidents.opened` event for this webhook only (409 when disabled).
+pub async fn send_test_event(state: &AdminState, id: Uuid) -> Result<NewEvent, AdminError> {
+    let mut conn = state.conn().await?;
+    let webhook = webhooks::get(&mut conn, id).await.or_not_found("webhook")?;
+    if !webhook.enabled {
+        return Err(AdminError::Conflict(
+            "the webhook is disabled; enable it to send it events".into(),
+        ));
+    }
+    let event = store::record_test_event(&mut conn, webhook.id).await?;
+    state.wake_relay();
+    tracing::info!(webhook = %webhook.id, event = %event.id, "test event recorded");
+    Ok(event)
+}
+
+/// Enqueues one immediate manual attempt of a delivery (409 when its webhook was deleted or
+/// is disabled).
+pub async fn retry_delivery(state: &AdminState, id: Uuid) -> Result<Delivery, AdminError> {
+    let mut conn = state.conn().await?;
+    let delivery = deliveries::get(&mut conn, id)
+        .await
+        .or_not_found("delivery")?;
+    let webhook = webhooks::get_any(&mut conn, delivery.webhook_id).await?;
+    ensure_deliverable(&webhook)?;
+    store::enqueue_manual_attempts(&mut conn, &[delivery.id]).await?;
+    state.wake_relay();
+    tracing::info!(delivery = %delivery.id, "manual retry enqueued");
+    Ok(delivery)
+}
+
+/// Enqueues a manual attempt of every failed delivery of a webhook created since `since`;
+/// returns how many.
+pub async fn recover_failed(
+    state: &AdminState,
+    id: Uuid,
+    since: OffsetDateTime,
+) -> Result<usize, AdminError> {
+    let mut conn = state.conn().await?;
+    let webhook = webhooks::get_any(&mut conn, id)
+        .await
+        .or_not_found("webhook")?;
+    ensure_deliverable(&webhook)?;
+    let retried = store::recover_failed(&mut conn, webhook.id, since).await?;
+    if retried > 0 {
+        state.wake_relay();
+    }
+    tracing::info!(webhook = %webhook.id, retried, "failed deliveries re-enqueued");
+    Ok(retried)
+}
+
+/// Moves an incident to another status and records the events it emits.
+pub async fn change_incident_status(
+    state: &AdminState,
+    id: Uuid,
+    to: IncidentStatus,
+) -> Result<(Incident, Vec<NewEvent>), AdminError> {
+    let mut conn = state.conn().await?;
+    let (incident, events) = incidents::change_status(&mut conn, id, to).await?;
+    if !events.is_empty() {
+        state.wake_relay();
+        tracing::info!(incident = %incident.id, status = %incident.status, "incident status changed");
+    }
+    Ok((incident, events))
+}
+
+/// 409 unless the webhook can receive deliveries (not deleted, enabled).
+pub fn ensure_deliverable(webhook: &Webhook) -> Result<(), AdminError> {
+    if webhook.is_deleted() {
+        Err(AdminError::Conflict(
+            "the webhook was deleted; its deliveries can no longer be retried".into(),
+        ))
+    } else if !webhook.enabled {
+        Err(AdminError::Conflict(
+            "the webhook is disabled; enable it before retrying its deliveries".into(),
+        ))
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,434 @@
+//! The settings pages (SPEC §2.1, §4.3): Settings → Webhooks (list, create, edit, enable,
+//! disable, rotate the secret, send a test event, delete), the delivery log with its attempts
+//! and the Retry button, and incidents — server-rendered HTML under `/settings/`, signed in
+//! with the admin token. They call the same validation (`crate::validation`) and operations
+//! (`crate::actions`) as the JSON API. Every page works without JavaScript; the small script
+//! only enhances (copy button, Retry without a reload, validation hints, delete confirmation).
+
+mod assets;
+mod deliveries;
+mod incidents;
+pub mod session;
+mod templates;
+mod webhooks;
+
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::StatusCode;
+use actix_web::middleware::DefaultHeaders;
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use askama::Template;
+use tocsin_domain::db::DbError;
+use tocsin_domain::RetrySchedule;
+
+use crate::config::AdminToken;
+use crate::error::AdminError;
+use session::{SessionKeys, SignInLimiter};
+use templates::{ErrorPage, Layout};
+
+/// What the page handlers share besides `AdminState`.
+pub struct PagesState {
+    pub keys: SessionKeys,
+    pub limiter: SignInLimiter,
+    pub token: AdminToken,
+    /// The retry schedule, to show what a webhook's max attempts imply.
+    pub schedule: RetrySchedule,
+    pub body_limit: usize,
+}
+
+impl PagesState {
+    pub fn new(
+        token: &AdminToken,
+        secure_cookies: bool,
+        schedule: RetrySchedule,
+        body_limit: usize,
+    ) -> Self {
+        PagesState {
+            keys: SessionKeys::new(token, secure_cookies),
+            limiter: SignInLimiter::default(),
+            token: token.clone(),
+            schedule,
+            body_limit,
+        }
+    }
+}
+
+/// Headers of every settings page: no caching (pages show secrets), a strict content security
+/// policy (scripts and styles only from the binary), no framing.
+fn security_headers() -> DefaultHeaders {
+    DefaultHeaders::new()
+        .add((header::CACHE_CONTROL, "no-store"))
+        .add((
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+             connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ))
+        .add((header::X_FRAME_OPTIONS, "DENY"))
+        .add((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+        .add((header::REFERRER_POLICY, "same-origin"))
+}
+
+/// Mounts `/` (a redirect to the settings) and every `/settings/` route.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    let path_config = web::PathConfig::default()
+        .error_handler(|_, _| PageError::Admin(AdminError::NotFound("page")).into());
+    let query_config = web::QueryConfig::default().error_handler(|error, _| {
+        PageError::Admin(AdminError::bad_parameter("query", error)).into()
+    });
+    cfg.route("/", web::get().to(to_settings)).service(
+        web::scope("/settings")
+            .app_data(path_config)
+            .app_data(query_config)
+            .wrap(security_headers())
+            .route("", web::get().to(to_settings))
+            .service(
+                web::resource("/")
+                    .route(web::get().to(webhooks::list))
+                    .default_service(web::to(method_not_allowed)),
+            )
+            .service(
+                web::resource("/assets/{file}")
+                    .route(web::get().to(assets::serve))
+                    .default_service(web::to(method_not_allowed)),
+            )
+            .service(
+                web::resource("/sign-in")
+                    .route(web::get().to(session::sign_in_form))
+                    .route(web::post().to(session::sign_in))
+                    .default_service(web::to(method_not_allowed)),
+            )
+            .service(post("/sign-out").route(web::post().to(session::sign_out)))
+            .service(
+                web::resource("/webhooks")
+                    .route(web::get().to(to_settings))
+                    .default_service(web::to(method_not_allowed)),
+            )
+            .service(
+                web::resource("/webhooks/new")
+                    .route(web::get().to(webhooks::new_form))
+                    .route(web::post().to(webhooks::create))
+                    .default_service(web::to(method_not_allowed)),
+            )
+            .service(
+                web::resource("/webhooks/{id}")
+                    .route(web::get().to(webhooks::detail))
+                    .default_service(web::to(method_not_allowed)),
+            )
+            .service(
+                web::resource("/webhooks/{id}/edit")
+                    .route(web::get().to(webhooks::edit_form))
+                    .route(web::post().to(webhooks::update))
+                    .default_service(web::to(method_not_allowed)),
+            )
+            .service(post("/webhooks/{id}/delete").route(web::post().to(webhooks::delete)))
+            .service(post("/webhooks/{id}/enable").route(web::post().to(webhooks::enable)))
+            .service(post("/webhooks/{id}/disable").route(web::post().to(webhooks::disable)))
+            .service(
+                post("/webhooks/{id}/rotate-secret").route(web::post().to(webhooks::rotate_secret)),
+            )
+            .service(post("/webhooks/{id}/test").route(web::post().to(webhooks::send_test_event)))
+            .service(post("/webhooks/{id}/recover").route(web::post().to(webhooks::recover)))
+            .service(
+                web::resource("/deliveries")
+                    .route(web::get().to(deliveries::list))
+                    .default_service(web::to(method_not_allowed)),
+            )
+            .service(
+                web::resource("/deliveries/{id}")
+                    .route(web::get().to(deliveries::detail))
+                    .default_service(web::to(method_not_allowed)),
+            )
+            .service(post("/deliveries/{id}/retry").route(web::post().to(deliveries::retry)))
+            .service(
+                web::resource("/incidents")
+                    .route(web::get().to(incidents::list))
+                    .default_service(web::to(method_not_allowed)),
+            )
+            .service(post("/incidents/{id}/status").route(web::post().to(incidents::change_status)))
+            .default_service(web::to(not_found)),
+    );
+}
+
+/// A resource that takes only the POST its caller adds.
+fn post(path: &str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(method_not_allowed))
+}
+
+async fn to_settings() -> HttpResponse {
+    redirect("/settings/")
+}
+
+async fn not_found() -> HttpResponse {
+    PageError::Admin(AdminError::NotFound("page")).error_response()
+}
+
+async fn method_not_allowed() -> HttpResponse {
+    PageError::MethodNotAllowed.error_response()
+}
+
+/// A 303 to `location` (after a form post, the browser follows it with a GET).
+pub fn redirect(location: &str) -> HttpResponse {
+    HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, location))
+        .finish()
+}
+
+/// Renders a page with a status.
+pub fn render(status: StatusCode, page: &impl Template) -> Result<HttpResponse, PageError> {
+    let body = page.render()?;
+    Ok(HttpResponse::build(status)
+        .insert_header((
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        ))
+        .body(body))
+}
+
+/// Why a page could not be shown. Each renders as an HTML page (or, for a signed-out request,
+/// a redirect to the sign-in page).
+#[derive(Debug, thiserror::Error)]
+pub enum PageError {
+    #[error("sign in first")]
+    SignIn,
+    /// 403: a cross-site or tokenless form post.
+    #[error("{0}")]
+    Forbidden(&'static str),
+    /// 429: too many failed sign-ins from this address.
+    #[error("too many failed sign-ins")]
+    RateLimited { retry_after: u64 },
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// Whatever the API would refuse, for the same reason.
+    #[error(transparent)]
+    Admin(#[from] AdminError),
+    #[error("rendering a page: {0}")]
+    Render(#[from] askama::Error),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<DbError> for PageError {
+    fn from(error: DbError) -> Self {
+        PageError::Admin(error.into())
+    }
+}
+
+impl From<tocsin_web::body::BodyError> for PageError {
+    fn from(error: tocsin_web::body::BodyError) -> Self {
+        PageError::Admin(error.into())
+    }
+}
+
+impl PageError {
+    fn title_and_message(&self) -> (&'static str, String) {
+        match self {
+            PageError::SignIn => ("Sign in", "Sign in to see this page.".into()),
+            PageError::Forbidden(message) => ("Refused", (*message).into()),
+            PageError::RateLimited { retry_after } => (
+                "Too many attempts",
+                format!(
+                    "Too many failed sign-ins from this address. Try again in {retry_after} s."
+                ),
+            ),
+            PageError::MethodNotAllowed => (
+                "Not allowed",
+                "This address does not take that kind of request.".into(),
+            ),
+            PageError::Admin(error) => {
+                let title = match error.status_code() {
+                    StatusCode::NOT_FOUND => "Not found",
+                    StatusCode::CONFLICT => "Not possible now",
+                    StatusCode::SERVICE_UNAVAILABLE => "Unavailable",
+                    status if status.is_server_error() => "Something went wrong",
+                    _ => "Not accepted",
+                };
+                let api = error.to_api_error();
+                (title, sentence(&api.body().error.message))
+            }
+            PageError::Render(_) | PageError::Internal(_) => {
+                tracing::error!(error = %self, "settings page failed");
+                (
+                    "Something went wrong",
+                    "An unexpected error occurred; it has been logged.".into(),
+                )
+            }
+        }
+    }
+}
+
+/// An API message as a sentence: capitalised, with a full stop.
+fn sentence(message: &str) -> String {
+    let mut chars = message.chars();
+    let mut text = match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    };
+    if !text.ends_with(['.', '!', '?']) {
+        text.push('.');
+    }
+    text
+}
+
+impl ResponseError for PageError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            PageError::SignIn => StatusCode::SEE_OTHER,
+            PageError::Forbidden(_) => StatusCode::FORBIDDEN,
+            PageError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            PageError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            PageError::Admin(error) => error.status_code(),
+            PageError::Render(_) | PageError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        if let PageError::SignIn = self {
+            return redirect("/settings/sign-in");
+        }
+        let status = self.status_code();
+        let (title, message) = self.title_and_message();
+        let page = ErrorPage {
+            layout: Layout::signed_out(),
+            status: status.as_u16(),
+            title,
+            message,
+        };
+        let mut response = render(status, &page).unwrap_or_else(|_| {
+            HttpResponse::build(status)
+                .content_type("text/plain; charset=utf-8")
+                .body(title)
+        });
+        if let PageError::RateLimited { retry_after } = self {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
+        }
+        response
+    }
+}
+
+/// A submitted form (`application/x-www-form-urlencoded`), its fields in order.
+#[derive(Debug, Default)]
+pub struct Form(Vec<(String, String)>);
+
+impl Form {
+    /// Reads and decodes a form body of at most `limit` bytes.
+    pub async fn read(
+        req: &HttpRequest,
+        payload: web::Payload,
+        limit: usize,
+    ) -> Result<Form, PageError> {
+        let body = tocsin_web::body::read_limited(req, payload, limit).await?;
+        Ok(Form::parse(&body))
+    }
+
+    fn parse(body: &[u8]) -> Form {
+        Form(
+            url::form_urlencoded::parse(body)
+                .map(|(name, value)| (name.into_owned(), value.into_owned()))
+                .collect(),
+        )
+    }
+
+    /// The first value of a field.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(field, _)| field == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// Every value of a field (checkboxes), in order.
+    pub fn all(&self, name: &str) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(field, _)| field == name)
+            .map(|(_, value)| value.clone())
+            .collect()
+    }
+}
+
+/// A message confirming what a form post did, named by a fixed key in the redirect's query
+/// (`?notice=enabled`), so no text of the request is ever echoed into the page.
+pub fn notice(key: Option<&str>, count: Option<&str>) -> Option<String> {
+    let text = match key? {
+        "updated" => "Webhook saved.".to_owned(),
+        "enabled" => "Webhook enabled: it receives its events again.".to_owned(),
+        "disabled" => {
+            "Webhook disabled: it receives nothing, and its unfinished deliveries were stopped."
+                .to_owned()
+        }
+        "test" => "Test event sent: its delivery appears in the log below in a moment.".to_owned(),
+        "recovered" => {
+            let count: usize = count.and_then(|c| c.parse().ok()).unwrap_or(0);
+            match count {
+                0 => "No failed deliveries since then: nothing to retry.".to_owned(),
+                1 => "1 failed delivery enqueued for a manual attempt.".to_owned(),
+                n => format!("{n} failed deliveries enqueued for a manual attempt."),
+            }
+        }
+        "deleted" => "Webhook deleted. Its delivery log stays readable.".to_owned(),
+        "retried" => {
+            "Manual attempt enqueued: it appears below once made (reload to see it).".to_owned()
+        }
+        "acknowledged" => "Incident acknowledged.".to_owned(),
+        "resolved" => "Incident resolved.".to_owned(),
+        "status" => "Incident status changed.".to_owned(),
+        _ => return None,
+    };
+    Some(text)
+}
+
+/// Query text of a link: `name=value` pairs, percent-encoded, skipping empty values.
+pub fn query_string<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let mut serializer = url::form_urlencoded::Serializer::new(String::new());
+    for (name, value) in pairs {
+        if !value.is_empty() {
+            serializer.append_pair(name, value);
+        }
+    }
+    serializer.finish()
+}
+
+/// An optional query parameter, empty counting as absent (forms submit empty selects).
+pub fn given(value: &Option<String>) -> Option<&str> {
+    value.as_deref().map(str::trim).filter(|v| !v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forms_keep_every_value_of_a_field() {
+        let form =
+            Form::parse(b"csrf=abc&events=incidents.opened&events=incidents.resolved&name=a+b%26c");
+        assert_eq!(form.get("csrf"), Some("abc"));
+        assert_eq!(form.get("name"), Some("a b&c"));
+        assert_eq!(
+            form.all("events"),
+            ["incidents.opened", "incidents.resolved"]
+        );
+        assert_eq!(form.get("missing"), None);
+    }
+
+    #[test]
+    fn notices_come_from_fixed_keys_only() {
+        assert_eq!(notice(Some("<script>"), None), None);
+        assert_eq!(
+            notice(Some("recovered"), Some("3")).unwrap(),
+            "3 failed deliveries enqueued for a manual attempt."
+        );
+        assert!(notice(Some("recovered"), Some("<b>"))
+            .unwrap()
+            .starts_with("No failed"));
+    }
+
+    #[test]
+    fn links_skip_empty_values() {
+        assert_eq!(
+            query_string([("state", "failed"), ("event", ""), ("cursor", "a b")]),
+            "state=failed&cursor=a+b"
+        );
+        assert_eq!(sentence("webhook not found"), "Webhook not found.");
+    }
+}

@@ -1,0 +1,475 @@
+//! The pages' templates (askama, under `crates/admin/templates/`) and the view models they
+//! read. Every value is prepared here as text and HTML-escaped by askama when rendered; no
+//! template marks anything `safe`.
+
+use std::time::Duration;
+
+use askama::Template;
+use time::format_description::well_known::Rfc3339;
+use time::macros::format_description;
+use time::OffsetDateTime;
+use tocsin_domain::db::deliveries::DeliveryState;
+use tocsin_domain::{EventKind, RetrySchedule};
+
+use super::assets;
+
+/// What every page's frame needs: the current section, and for a signed-in page the CSRF token
+/// of its forms (the sign-out button among them).
+pub struct Layout {
+    pub nav: &'static str,
+    pub csrf: String,
+    pub asset_version: &'static str,
+}
+
+impl Layout {
+    pub fn signed_in(nav: &'static str, csrf: &str) -> Self {
+        Layout {
+            nav,
+            csrf: csrf.to_owned(),
+            asset_version: assets::version(),
+        }
+    }
+
+    pub fn signed_out() -> Self {
+        Layout {
+            nav: "",
+            csrf: String::new(),
+            asset_version: assets::version(),
+        }
+    }
+
+    pub fn is_signed_in(&self) -> bool {
+        !self.csrf.is_empty()
+    }
+}
+
+/// A time as shown (UTC, to the second) and as machine-readable RFC 3339.
+pub struct When {
+    pub iso: String,
+    pub text: String,
+}
+
+impl When {
+    pub fn of(at: OffsetDateTime) -> Self {
+        let utc = at.to_offset(time::UtcOffset::UTC);
+        When {
+            iso: utc.format(&Rfc3339).unwrap_or_default(),
+            text: utc
+                .format(format_description!(
+                    "[year]-[month]-[day] [hour]:[minute]:[second] UTC"
+                ))
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// A duration for people: `200 ms`, `30 s`, `5 min`, `2 h`, `1 h 30 min`.
+pub fn human_duration(duration: Duration) -> String {
+    let ms = duration.as_millis();
+    if ms < 1000 {
+        return format!("{ms} ms");
+    }
+    let secs = duration.as_secs();
+    if secs < 60 {
+        return format!("{secs} s");
+    }
+    let (hours, minutes, seconds) = (secs / 3600, secs % 3600 / 60, secs % 60);
+    let mut parts = Vec::new();
+    if hours > 0 {
+        parts.push(format!("{hours} h"));
+    }
+    if minutes > 0 {
+        parts.push(format!("{minutes} min"));
+    }
+    if seconds > 0 {
+        parts.push(format!("{seconds} s"));
+    }
+    parts.join(" ")
+}
+
+/// Each step of the retry schedule as shown: `immediately`, then `+1 min`, `+5 min`, ...
+pub fn schedule_steps(schedule: &RetrySchedule) -> Vec<String> {
+    schedule
+        .delays()
+        .iter()
+        .enumerate()
+        .map(|(i, delay)| {
+            if i == 0 {
+                "immediately".to_owned()
+            } else {
+                format!("+{}", human_duration(*delay))
+            }
+        })
+        .collect()
+}
+
+/// The attempts `max_attempts` implies, as shown beside the field (`immediately, +1 min, ...`).
+pub fn schedule_text(schedule: &RetrySchedule, max_attempts: u8) -> String {
+    let steps = schedule_steps(schedule);
+    let n = usize::from(max_attempts).clamp(1, steps.len().max(1));
+    steps.into_iter().take(n).collect::<Vec<_>>().join(", ")
+}
+
+/// What each event kind means (SPEC §6).
+pub fn event_description(kind: EventKind) -> &'static str {
+    match kind {
+        EventKind::IncidentOpened => "a new incident was created",
+        EventKind::IncidentStatusChanged => "the status of an incident was updated",
+        EventKind::IncidentResolved => "an incident was resolved",
+    }
+}
+
+/// A delivery state for people.
+pub fn state_label(state: DeliveryState) -> &'static str {
+    match state {
+        DeliveryState::Pending => "Pending",
+        DeliveryState::Retrying => "Retrying",
+        DeliveryState::Succeeded => "Succeeded",
+        DeliveryState::Failed => "Failed",
+    }
+}
+
+/// An option of a `<select>`.
+pub struct SelectOption {
+    pub value: String,
+    pub label: String,
+    pub selected: bool,
+}
+
+/// `GET /settings/sign-in`.
+#[derive(Template)]
+#[template(path = "sign_in.html")]
+pub struct SignInPage {
+    pub layout: Layout,
+    pub error: Option<&'static str>,
+}
+
+/// A webhook's newest delivery, in the list.
+pub struct LastDelivery {
+    pub href: String,
+    pub state: &'static str,
+    pub label: &'static str,
+    pub at: When,
+}
+
+/// One row of the webhook list.
+pub struct WebhookRow {
+    pub href: String,
+    pub name: String,
+    pub url: String,
+    pub events: Vec<&'static str>,
+    pub enabled: bool,
+    pub last: Option<LastDelivery>,
+}
+
+/// `GET /settings/`: the webhooks.
+#[derive(Template)]
+#[template(path = "webhooks.html")]
+pub struct WebhookListPage {
+    pub layout: Layout,
+    pub notice: Option<String>,
+    pub rows: Vec<WebhookRow>,
+    pub next_page: Option<String>,
+}
+
+/// A checkbox of the event fieldset.
+pub struct EventOption {
+    pub id: String,
+    pub value: &'static str,
+    pub description: &'static str,
+    pub checked: bool,
+}
+
+/// The webhook form's values as typed (shown again when the server refuses them).
+#[derive(Default)]
+pub struct WebhookFormValues {
+    pub name: String,
+    pub url: String,
+    pub events: Vec<String>,
+    pub max_attempts: String,
+    pub timeout_ms: String,
+}
+
+/// The server's refusals, one per form field.
+#[derive(Default)]
+pub struct FormErrors {
+    pub name: Option<String>,
+    pub url: Option<String>,
+    pub events: Option<String>,
+    pub max_attempts: Option<String>,
+    pub timeout_ms: Option<String>,
+}
+
+/// One entry of the error summary above a refused form: the field's id, label and message.
+pub struct SummaryItem {
+    pub id: &'static str,
+    pub label: &'static str,
+    pub message: String,
+}
+
+impl FormErrors {
+    /// Files an error under the form field its API field name belongs to (the first one wins).
+    pub fn add(&mut self, api_field: &str, message: String) {
+        let slot = match api_field {
+            "name" => &mut self.name,
+            "url" => &mut self.url,
+            "retry.max_attempts" => &mut self.max_attempts,
+            "retry.timeout_ms" => &mut self.timeout_ms,
+            _ => &mut self.events,
+        };
+        slot.get_or_insert(message);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.summary().is_empty()
+    }
+
+    /// Every error, in the order of the fields.
+    pub fn summary(&self) -> Vec<SummaryItem> {
+        [
+            ("name", "Name", &self.name),
+            ("url", "Target URL", &self.url),
+            ("event-0", "Events", &self.events),
+            ("max_attempts", "Max attempts", &self.max_attempts),
+            ("timeout_ms", "Timeout", &self.timeout_ms),
+        ]
+        .into_iter()
+        .filter_map(|(id, label, message)| {
+            message.as_ref().map(|message| SummaryItem {
+                id,
+                label,
+                message: message.clone(),
+            })
+        })
+        .collect()
+    }
+}
+
+/// `GET /settings/webhooks/new` and `/settings/webhooks/{id}/edit`.
+#[derive(Template)]
+#[template(path = "webhook_form.html")]
+pub struct WebhookFormPage {
+    pub layout: Layout,
+    pub heading: String,
+    pub breadcrumb: Option<(String, String)>,
+    pub action: String,
+    pub submit_label: &'static str,
+    pub cancel_href: String,
+    pub values: WebhookFormValues,
+    pub errors: FormErrors,
+    pub event_options: Vec<EventOption>,
+    /// The schedule's steps joined by `|`, for the script that updates the hint.
+    pub schedule_steps: String,
+    pub schedule_text: String,
+    pub max_attempts_limit: u8,
+}
+
+/// The signing secret, shown once after creation or rotation.
+#[derive(Template)]
+#[template(path = "secret.html")]
+pub struct SecretPage {
+    pub layout: Layout,
+    pub heading: &'static str,
+    pub intro: &'static str,
+    pub webhook_name: String,
+    pub webhook_href: String,
+    pub secret: String,
+    pub previous_expires: Option<When>,
+}
+
+/// A webhook as its page shows it.
+pub struct WebhookView {
+    pub id: String,
+    pub href: String,
+    pub name: String,
+    pub url: String,
+    pub events: Vec<&'static str>,
+    pub enabled: bool,
+    pub deleted: bool,
+    pub max_attempts: u8,
+    pub schedule_text: String,
+    pub timeout: String,
+    pub created: When,
+    pub updated: When,
+    pub previous_secret_expires: Option<When>,
+}
+
+/// One row of a delivery log.
+pub struct DeliveryRow {
+    pub href: String,
+    pub created: When,
+    pub event: &'static str,
+    pub incident_id: String,
+    pub incident_short: String,
+    pub state: &'static str,
+    pub state_label: &'static str,
+    pub next_attempt: Option<When>,
+    pub attempts: i32,
+    pub webhook: Option<(String, String)>,
+}
+
+/// A delivery log with its filters and paging (on a webhook's page and on its own).
+pub struct DeliveryLog {
+    pub action: String,
+    pub hidden: Vec<(&'static str, String)>,
+    pub state_options: Vec<SelectOption>,
+    pub event_options: Vec<SelectOption>,
+    pub filtered: bool,
+    /// The log without its filters.
+    pub clear_href: String,
+    pub rows: Vec<DeliveryRow>,
+    pub next_page: Option<String>,
+    pub show_webhook: bool,
+}
+
+/// `GET /settings/webhooks/{id}`.
+#[derive(Template)]
+#[template(path = "webhook.html")]
+pub struct WebhookPage {
+    pub layout: Layout,
+    pub notice: Option<String>,
+    pub webhook: WebhookView,
+    pub log: DeliveryLog,
+    pub recover_since: String,
+}
+
+/// The confirmation a delete asks for when the page's script did not.
+#[derive(Template)]
+#[template(path = "confirm_delete.html")]
+pub struct ConfirmDeletePage {
+    pub layout: Layout,
+    pub name: String,
+    pub action: String,
+    pub cancel_href: String,
+}
+
+/// `GET /settings/deliveries`.
+#[derive(Template)]
+#[template(path = "deliveries.html")]
+pub struct DeliveriesPage {
+    pub layout: Layout,
+    pub webhook_filter: Option<(String, String)>,
+    pub log: DeliveryLog,
+}
+
+/// A delivery as its page shows it.
+pub struct DeliverySummary {
+    pub id: String,
+    pub event: &'static str,
+    pub incident_id: String,
+    pub title: Option<String>,
+    pub state: &'static str,
+    pub state_label: &'static str,
+    pub attempt_count: i32,
+    pub max_attempts: u8,
+    pub next_attempt: Option<When>,
+    pub created: When,
+    pub updated: When,
+    pub webhook_name: String,
+    pub webhook_href: String,
+}
+
+/// One attempt of a delivery.
+pub struct AttemptView {
+    pub number: i32,
+    pub trigger: String,
+    pub started: When,
+    pub success: bool,
+    pub status_code: Option<i32>,
+    pub duration_ms: i32,
+    pub error: Option<String>,
+    pub headers: Vec<(String, String)>,
+    pub payload: String,
+    pub response_body: Option<String>,
+    pub response_truncated: bool,
+    pub open: bool,
+}
+
+/// `GET /settings/deliveries/{id}`.
+#[derive(Template)]
+#[template(path = "delivery.html")]
+pub struct DeliveryPage {
+    pub layout: Layout,
+    pub notice: Option<String>,
+    pub delivery: DeliverySummary,
+    pub attempts: Vec<AttemptView>,
+    pub retry_action: Option<String>,
+    pub retry_blocked: Option<&'static str>,
+}
+
+/// One row of the incident list.
+pub struct IncidentRow {
+    pub id: String,
+    pub title: String,
+    pub severity: &'static str,
+    pub status: &'static str,
+    pub source: Option<String>,
+    pub created: When,
+    pub action: String,
+    pub can_acknowledge: bool,
+    pub can_resolve: bool,
+}
+
+/// `GET /settings/incidents`.
+#[derive(Template)]
+#[template(path = "incidents.html")]
+pub struct IncidentsPage {
+    pub layout: Layout,
+    pub notice: Option<String>,
+    pub status_options: Vec<SelectOption>,
+    pub rows: Vec<IncidentRow>,
+    pub next_page: Option<String>,
+}
+
+/// An error, as a page.
+#[derive(Template)]
+#[template(path = "error.html")]
+pub struct ErrorPage {
+    pub layout: Layout,
+    pub status: u16,
+    pub title: &'static str,
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use time::macros::datetime;
+
+    #[test]
+    fn durations_and_schedules_read_well() {
+        assert_eq!(human_duration(Duration::from_millis(200)), "200 ms");
+        assert_eq!(human_duration(Duration::from_secs(30)), "30 s");
+        assert_eq!(human_duration(Duration::from_secs(300)), "5 min");
+        assert_eq!(human_duration(Duration::from_secs(5400)), "1 h 30 min");
+        let schedule = RetrySchedule::default();
+        assert_eq!(schedule_text(&schedule, 1), "immediately");
+        assert_eq!(
+            schedule_text(&schedule, 5),
+            "immediately, +1 min, +5 min, +30 min, +2 h"
+        );
+    }
+
+    #[test]
+    fn times_are_shown_in_utc() {
+        let when = When::of(datetime!(2026-11-22 02:32:05 +01:00));
+        assert_eq!(when.text, "2026-11-22 01:32:05 UTC");
+        assert_eq!(when.iso, "2026-11-22T01:32:05Z");
+    }
+
+    #[test]
+    fn values_are_escaped() {
+        let page = ErrorPage {
+            layout: Layout::signed_out(),
+            status: 404,
+            title: "Not found",
+            message: "<script>alert(1)</script> & \"quotes\"".into(),
+        };
+        let html = page.render().unwrap();
+        assert!(!html.contains("<script>alert(1)"), "{html}");
+        assert!(
+            html.contains("&#60;script&#62;alert(1)&#60;/script&#62;"),
+            "{html}"
+        );
+    }
+}

@@ -1,0 +1,586 @@
+//! Settings → Webhooks: the list, the create and edit forms, a webhook's page with its
+//! delivery log, and its actions (enable, disable, rotate the secret, test event, recover,
+//! delete).
+
+use std::collections::HashMap;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Deserialize;
+use time::format_description::well_known::Rfc3339;
+use time::macros::format_description;
+use time::{OffsetDateTime, PrimitiveDateTime};
+use tocsin_domain::db::deliveries::{self, DeliveryFilter};
+use tocsin_domain::db::webhooks::{self as repo, Webhook};
+use tocsin_domain::{EventKind, InvalidRetry, RetrySettings};
+use uuid::Uuid;
+
+use super::deliveries::{delivery_log, LogQuery};
+use super::session::{signed_form, Session};
+use super::templates::{
+    event_description, schedule_steps, schedule_text, state_label, ConfirmDeletePage, EventOption,
+    FormErrors, LastDelivery, SecretPage, WebhookFormPage, WebhookFormValues, WebhookListPage,
+    WebhookPage, WebhookRow, WebhookView, When,
+};
+use super::{given, notice, query_string, redirect, render, Form, PageError, PagesState};
+use crate::actions;
+use crate::error::{AdminError, OrNotFound};
+use crate::routes::{page, AdminState};
+use crate::validation::{self, FieldError, FieldErrors, WebhookInput};
+
+/// Paging and the notice of a redirect.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    cursor: Option<String>,
+    notice: Option<String>,
+}
+
+/// `GET /settings/`: every webhook with its newest delivery.
+pub async fn list(
+    session: Session,
+    query: web::Query<ListQuery>,
+    state: web::Data<AdminState>,
+) -> Result<HttpResponse, PageError> {
+    let page = page(None, given(&query.cursor))?;
+    let mut conn = state.conn().await?;
+    let (webhooks, next) = repo::list(&mut conn, &page).await?;
+    let ids: Vec<Uuid> = webhooks.iter().map(|w| w.id).collect();
+    let latest: HashMap<Uuid, deliveries::Delivery> =
+        deliveries::latest_for_webhooks(&mut conn, &ids)
+            .await?
+            .into_iter()
+            .map(|d| (d.webhook_id, d))
+            .collect();
+    let rows = webhooks
+        .iter()
+        .map(|webhook| WebhookRow {
+            href: webhook_href(webhook.id),
+            name: webhook.name.clone(),
+            url: webhook.url.clone(),
+            events: webhook.events.iter().map(|e| e.as_str()).collect(),
+            enabled: webhook.enabled,
+            last: latest.get(&webhook.id).map(|d| LastDelivery {
+                href: format!("/settings/deliveries/{}", d.id),
+                state: d.state.as_str(),
+                label: state_label(d.state),
+                at: When::of(d.updated_at),
+            }),
+        })
+        .collect();
+    render(
+        StatusCode::OK,
+        &WebhookListPage {
+            layout: session.layout("webhooks"),
+            notice: notice(query.notice.as_deref(), None),
+            rows,
+            next_page: next.map(|c| {
+                format!(
+                    "/settings/?{}",
+                    query_string([("cursor", c.encode().as_str())])
+                )
+            }),
+        },
+    )
+}
+
+/// `GET /settings/webhooks/new`: the create form.
+pub async fn new_form(
+    session: Session,
+    pages: web::Data<PagesState>,
+) -> Result<HttpResponse, PageError> {
+    let defaults = RetrySettings::default();
+    let values = WebhookFormValues {
+        max_attempts: defaults.max_attempts().to_string(),
+        timeout_ms: defaults.timeout_ms().to_string(),
+        ..WebhookFormValues::default()
+    };
+    render(
+        StatusCode::OK,
+        &form_page(
+            &session,
+            &pages,
+            FormKind::Create,
+            values,
+            FormErrors::default(),
+        ),
+    )
+}
+
+/// Which form: a new webhook, or a change of one.
+enum FormKind {
+    Create,
+    Edit { id: Uuid, name: String },
+}
+
+fn form_page(
+    session: &Session,
+    pages: &PagesState,
+    kind: FormKind,
+    values: WebhookFormValues,
+    errors: FormErrors,
+) -> WebhookFormPage {
+    let max_attempts = values
+        .max_attempts
+        .trim()
+        .parse::<u8>()
+        .unwrap_or(RetrySettings::MAX_ATTEMPTS);
+    let event_options = EventKind::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, kind)| EventOption {
+            id: format!("event-{i}"),
+            value: kind.as_str(),
+            description: event_description(*kind),
+            checked: values.events.iter().any(|e| e == kind.as_str()),
+        })
+        .collect();
+    let (heading, breadcrumb, action, submit_label, cancel_href) = match kind {
+        FormKind::Create => (
+            "Create outbound webhook".to_owned(),
+            None,
+            "/settings/webhooks/new".to_owned(),
+            "Create webhook",
+            "/settings/".to_owned(),
+        ),
+        FormKind::Edit { id, name } => (
+            format!("Edit {name}"),
+            Some((name, webhook_href(id))),
+            format!("/settings/webhooks/{id}/edit"),
+            "Save changes",
+            webhook_href(id),
+        ),
+    };
+    WebhookFormPage {
+        layout: session.layout("webhooks"),
+        heading,
+        breadcrumb,
+        action,
+        submit_label,
+        cancel_href,
+        values,
+        errors,
+        event_options,
+        schedule_steps: schedule_steps(&pages.schedule).join("|"),
+        schedule_text: schedule_text(&pages.schedule, max_attempts),
+        max_attempts_limit: RetrySettings::MAX_ATTEMPTS,
+    }
+}
+
+/// The form's fields as typed, and the refusals of fields that are not even numbers (the rest
+/// is `crate::validation`'s to judge).
+fn read_webhook_form(form: &Form) -> (WebhookFormValues, Vec<FieldError>) {
+    let values = WebhookFormValues {
+        name: form.get("name").unwrap_or_default().to_owned(),
+        url: form.get("url").unwrap_or_default().to_owned(),
+        events: form.all("events"),
+        max_attempts: form.get("max_attempts").unwrap_or_default().to_owned(),
+        timeout_ms: form.get("timeout_ms").unwrap_or_default().to_owned(),
+    };
+    let mut refused = Vec::new();
+    for (text, error) in [
+        (&values.max_attempts, InvalidRetry::MaxAttempts),
+        (&values.timeout_ms, InvalidRetry::Timeout),
+    ] {
+        let text = text.trim();
+        if !text.is_empty() && text.parse::<i64>().is_err() {
+            refused.push(FieldError::new(error.field(), error));
+        }
+    }
+    (values, refused)
+}
+
+fn number(text: &str) -> Option<i64> {
+    text.trim().parse().ok()
+}
+
+fn form_errors(refused: Vec<FieldError>, validation: Option<FieldErrors>) -> FormErrors {
+    let mut errors = FormErrors::default();
+    for error in refused
+        .into_iter()
+        .chain(validation.into_iter().flat_map(|e| e.0))
+    {
+        errors.add(&error.field, error.message);
+    }
+    errors
+}
+
+/// `POST /settings/webhooks/new`: creates the webhook and shows its secret once, or shows the
+/// form again (422) with each refused field's error beside it.
+pub async fn create(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AdminState>,
+    pages: web::Data<PagesState>,
+) -> Result<HttpResponse, PageError> {
+    let (session, form) = signed_form(&req, payload, &pages).await?;
+    let (values, refused) = read_webhook_form(&form);
+    let input = WebhookInput {
+        name: Some(&values.name),
+        url: Some(&values.url),
+        events: Some(&values.events),
+        max_attempts: number(&values.max_attempts),
+        timeout_ms: number(&values.timeout_ms),
+        enabled: Some(true),
+    };
+    let validated = validation::new_webhook(&input);
+    let record = match validated {
+        Ok(record) if refused.is_empty() => record,
+        other => {
+            let errors = form_errors(refused, other.err());
+            return render(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &form_page(&session, &pages, FormKind::Create, values, errors),
+            );
+        }
+    };
+    let webhook = actions::create_webhook(&state, &record).await?;
+    render(
+        StatusCode::OK,
+        &secret_page(
+            &session,
+            &webhook,
+            "Webhook created",
+            "Copy the signing secret now: this page shows it once. Receivers use it to check \
+             that each delivery comes from Tocsin.",
+        ),
+    )
+}
+
+fn secret_page(
+    session: &Session,
+    webhook: &Webhook,
+    heading: &'static str,
+    intro: &'static str,
+) -> SecretPage {
+    let now = OffsetDateTime::now_utc();
+    SecretPage {
+        layout: session.layout("webhooks"),
+        heading,
+        intro,
+        webhook_name: webhook.name.clone(),
+        webhook_href: webhook_href(webhook.id),
+        secret: webhook.secret.expose().to_owned(),
+        previous_expires: webhook
+            .previous_secret
+            .as_ref()
+            .map(|(_, expires)| *expires)
+            .filter(|expires| *expires > now)
+            .map(When::of),
+    }
+}
+
+/// `GET /settings/webhooks/{id}`: the webhook, its actions and its delivery log.
+pub async fn detail(
+    session: Session,
+    id: web::Path<Uuid>,
+    query: web::Query<LogQuery>,
+    state: web::Data<AdminState>,
+    pages: web::Data<PagesState>,
+) -> Result<HttpResponse, PageError> {
+    let mut conn = state.conn().await?;
+    let webhook = repo::get_any(&mut conn, *id)
+        .await
+        .or_not_found("webhook")?;
+    drop(conn);
+    let filter = DeliveryFilter {
+        webhook_id: Some(webhook.id),
+        ..query.filter()?
+    };
+    let log = delivery_log(
+        &state,
+        &webhook_href(webhook.id),
+        &query,
+        filter,
+        Vec::new(),
+        false,
+    )
+    .await?;
+    let now = OffsetDateTime::now_utc();
+    let view = WebhookView {
+        id: webhook.id.to_string(),
+        href: webhook_href(webhook.id),
+        name: webhook.name.clone(),
+        url: webhook.url.clone(),
+        events: webhook.events.iter().map(|e| e.as_str()).collect(),
+        enabled: webhook.enabled,
+        deleted: webhook.is_deleted(),
+        max_attempts: webhook.retry.max_attempts(),
+        schedule_text: schedule_text(&pages.schedule, webhook.retry.max_attempts()),
+        timeout: format!("{} ms", webhook.retry.timeout_ms()),
+        created: When::of(webhook.created_at),
+        updated: When::of(webhook.updated_at),
+        previous_secret_expires: webhook
+            .previous_secret
+            .as_ref()
+            .map(|(_, expires)| *expires)
+            .filter(|expires| *expires > now)
+            .map(When::of),
+    };
+    let day_ago = now - time::Duration::DAY;
+    render(
+        StatusCode::OK,
+        &WebhookPage {
+            layout: session.layout("webhooks"),
+            notice: notice(query.notice.as_deref(), query.count.as_deref()),
+            webhook: view,
+            log,
+            recover_since: day_ago
+                .format(format_description!("[year]-[month]-[day]T[hour]:[minute]"))
+                .unwrap_or_default(),
+        },
+    )
+}
+
+/// `GET /settings/webhooks/{id}/edit`: the edit form with the current values.
+pub async fn edit_form(
+    session: Session,
+    id: web::Path<Uuid>,
+    state: web::Data<AdminState>,
+    pages: web::Data<PagesState>,
+) -> Result<HttpResponse, PageError> {
+    let mut conn = state.conn().await?;
+    let webhook = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
+    let values = WebhookFormValues {
+        name: webhook.name.clone(),
+        url: webhook.url.clone(),
+        events: webhook
+            .events
+            .iter()
+            .map(|e| e.as_str().to_owned())
+            .collect(),
+        max_attempts: webhook.retry.max_attempts().to_string(),
+        timeout_ms: webhook.retry.timeout_ms().to_string(),
+    };
+    let kind = FormKind::Edit {
+        id: webhook.id,
+        name: webhook.name,
+    };
+    render(
+        StatusCode::OK,
+        &form_page(&session, &pages, kind, values, FormErrors::default()),
+    )
+}
+
+/// `POST /settings/webhooks/{id}/edit`: saves the change, or shows the form again (422).
+pub async fn update(
+    req: HttpRequest,
+    id: web::Path<Uuid>,
+    payload: web::Payload,
+    state: web::Data<AdminState>,
+    pages: web::Data<PagesState>,
+) -> Result<HttpResponse, PageError> {
+    let (session, form) = signed_form(&req, payload, &pages).await?;
+    let (values, refused) = read_webhook_form(&form);
+    let input = WebhookInput {
+        name: Some(&values.name),
+        url: Some(&values.url),
+        events: Some(&values.events),
+        max_attempts: number(&values.max_attempts),
+        timeout_ms: number(&values.timeout_ms),
+        enabled: None,
+    };
+    let patch = match validation::webhook_patch(&input) {
+        Ok(patch) if refused.is_empty() => patch,
+        other => {
+            let mut conn = state.conn().await?;
+            let current = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
+            let errors = form_errors(refused, other.err());
+            let kind = FormKind::Edit {
+                id: current.id,
+                name: current.name,
+            };
+            return render(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &form_page(&session, &pages, kind, values, errors),
+            );
+        }
+    };
+    let webhook = actions::update_webhook(&state, *id, &patch).await?;
+    Ok(redirect(&format!(
+        "{}?notice=updated",
+        webhook_href(webhook.id)
+    )))
+}
+
+/// `POST /settings/webhooks/{id}/enable`.
+pub async fn enable(
+    req: HttpRequest,
+    id: web::Path<Uuid>,
+    payload: web::Payload,
+    state: web::Data<AdminState>,
+    pages: web::Data<PagesState>,
+) -> Result<HttpResponse, PageError> {
+    set_enabled(req, *id, payload, state, pages, true).await
+}
+
+/// `POST /settings/webhooks/{id}/disable`: also stops its unfinished deliveries.
+pub async fn disable(
+    req: HttpRequest,
+    id: web::Path<Uuid>,
+    payload: web::Payload,
+    state: web::Data<AdminState>,
+    pages: web::Data<PagesState>,
+) -> Result<HttpResponse, PageError> {
+    set_enabled(req, *id, payload, state, pages, false).await
+}
+
+async fn set_enabled(
+    req: HttpRequest,
+    id: Uuid,
+    payload: web::Payload,
+    state: web::Data<AdminState>,
+    pages: web::Data<PagesState>,
+    enabled: bool,
+) -> Result<HttpResponse, PageError> {
+    signed_form(&req, payload, &pages).await?;
+    let patch = validation::webhook_patch(&WebhookInput {
+        enabled: Some(enabled),
+        ..WebhookInput::default()
+    })
+    .map_err(AdminError::from)?;
+    actions::update_webhook(&state, id, &patch).await?;
+    let notice = if enabled { "enabled" } else { "disabled" };
+    Ok(redirect(&format!("{}?notice={notice}", webhook_href(id))))
+}
+
+/// `POST /settings/webhooks/{id}/rotate-secret`: shows the new secret once.
+pub async fn rotate_secret(
+    req: HttpRequest,
+    id: web::Path<Uuid>,
+    payload: web::Payload,
+    state: web::Data<AdminState>,
+    pages: web::Data<PagesState>,
+) -> Result<HttpResponse, PageError> {
+    let (session, _) = signed_form(&req, payload, &pages).await?;
+    let webhook = actions::rotate_secret(&state, *id).await?;
+    render(
+        StatusCode::OK,
+        &secret_page(
+            &session,
+            &webhook,
+            "Signing secret rotated",
+            "Copy the new signing secret now: this page shows it once. Deliveries carry \
+             signatures with both secrets until the old one expires, so receivers can switch \
+             without missing any.",
+        ),
+    )
+}
+
+/// `POST /settings/webhooks/{id}/test`: sends a sample `incidents.opened` event to it.
+pub async fn send_test_event(
+    req: HttpRequest,
+    id: web::Path<Uuid>,
+    payload: web::Payload,
+    state: web::Data<AdminState>,
+    pages: web::Data<PagesState>,
+) -> Result<HttpResponse, PageError> {
+    signed_form(&req, payload, &pages).await?;
+    actions::send_test_event(&state, *id).await?;
+    Ok(redirect(&format!("{}?notice=test", webhook_href(*id))))
+}
+
+/// `POST /settings/webhooks/{id}/recover`: retries every failed delivery since a time (UTC).
+pub async fn recover(
+    req: HttpRequest,
+    id: web::Path<Uuid>,
+    payload: web::Payload,
+    state: web::Data<AdminState>,
+    pages: web::Data<PagesState>,
+) -> Result<HttpResponse, PageError> {
+    let (_, form) = signed_form(&req, payload, &pages).await?;
+    let since = parse_since(form.get("since").unwrap_or_default())
+        .map_err(|message| AdminError::invalid("since", message))?;
+    let retried = actions::recover_failed(&state, *id, since).await?;
+    Ok(redirect(&format!(
+        "{}?notice=recovered&count={retried}",
+        webhook_href(*id)
+    )))
+}
+
+/// A time from the recover form: the browser's `datetime-local` value, taken as UTC
+/// (`2026-11-22T01:32`, seconds optional), or an RFC 3339 time.
+fn parse_since(text: &str) -> Result<OffsetDateTime, &'static str> {
+    let text = text.trim();
+    if let Ok(at) = OffsetDateTime::parse(text, &Rfc3339) {
+        return Ok(at);
+    }
+    let minutes = format_description!("[year]-[month]-[day]T[hour]:[minute]");
+    let seconds = format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]");
+    PrimitiveDateTime::parse(text, &minutes)
+        .or_else(|_| PrimitiveDateTime::parse(text, &seconds))
+        .map(PrimitiveDateTime::assume_utc)
+        .map_err(|_| "must be a date and time (UTC), such as 2026-11-22T01:32")
+}
+
+/// `POST /settings/webhooks/{id}/delete`: asks for confirmation unless the form says it was
+/// given (the page's script asks in a dialog), then deletes.
+pub async fn delete(
+    req: HttpRequest,
+    id: web::Path<Uuid>,
+    payload: web::Payload,
+    state: web::Data<AdminState>,
+    pages: web::Data<PagesState>,
+) -> Result<HttpResponse, PageError> {
+    let (session, form) = signed_form(&req, payload, &pages).await?;
+    if form.get("confirmed") != Some("yes") {
+        let mut conn = state.conn().await?;
+        let webhook = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
+        return render(
+            StatusCode::OK,
+            &ConfirmDeletePage {
+                layout: session.layout("webhooks"),
+                name: webhook.name,
+                action: format!("/settings/webhooks/{}/delete", webhook.id),
+                cancel_href: webhook_href(webhook.id),
+            },
+        );
+    }
+    actions::delete_webhook(&state, *id).await?;
+    Ok(redirect("/settings/?notice=deleted"))
+}
+
+/// A webhook's page.
+pub fn webhook_href(id: Uuid) -> String {
+    format!("/settings/webhooks/{id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_takes_the_browser_value_as_utc() {
+        let at = parse_since("2026-11-22T01:32").unwrap();
+        assert_eq!(at, time::macros::datetime!(2026-11-22 01:32 UTC));
+        assert!(parse_since("2026-11-22T01:32:10").is_ok());
+        assert_eq!(
+            parse_since("2026-11-22T01:32:00+01:00").unwrap(),
+            time::macros::datetime!(2026-11-22 00:32 UTC)
+        );
+        assert!(parse_since("yesterday").is_err());
+        assert!(parse_since("").is_err());
+    }
+
+    #[test]
+    fn non_numbers_are_refused_with_the_domain_message() {
+        let form = Form::default();
+        let (_, refused) = read_webhook_form(&form);
+        assert!(refused.is_empty());
+        let errors = form_errors(
+            vec![FieldError::new(
+                "retry.max_attempts",
+                InvalidRetry::MaxAttempts,
+            )],
+            Some(FieldErrors(vec![FieldError::new(
+                "url",
+                "must have a host",
+            )])),
+        );
+        assert_eq!(
+            errors.max_attempts.as_deref(),
+            Some("max_attempts must be between 1 and 5")
+        );
+        assert_eq!(errors.url.as_deref(), Some("must have a host"));
+        assert!(errors.name.is_none());
+    }
+}

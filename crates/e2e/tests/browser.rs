@@ -1,0 +1,105 @@
+//! The settings pages in a real browser: the whole system runs here (ingest, dispatcher, admin,
+//! a receiver whose `/ok` answers 200 and `/fail` 500), and `settings.spec.mjs` drives Debian's
+//! headless Chromium through Playwright against it — sign in, create a webhook through the form
+//! (refused first for a bad URL and no events), an alert through ingest, the delivery with its
+//! payload and response, a failing target, Retry, rotation, incidents, deletion — taking the
+//! screenshots of docs/ on the way (into `SCREENSHOT_DIR` when set).
+//!
+//! Needs `node`, `/usr/bin/chromium` and `npm ci` in `crates/e2e/tests/browser`:
+//! `deploy/local/test` installs them. Missing, the test fails rather than skips.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tocsin_e2e::{System, ADMIN_TOKEN};
+use tocsin_testkit::{Behavior, Receiver};
+
+/// The retry schedule of the run: five attempts, 200 ms apart.
+const DELAYS: &str = "0s,200ms,200ms,200ms,200ms";
+/// How long the whole browser story may take.
+const DEADLINE: Duration = Duration::from_secs(240);
+const CHROMIUM: &str = "/usr/bin/chromium";
+const INSTALL_HINT: &str = "deploy/local/test installs the browser tools (ensure_browser_tools in \
+                            deploy/local/lib.sh): Debian's chromium, node and npm, then `npm ci \
+                            --prefix crates/e2e/tests/browser`";
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the workspace root")
+}
+
+/// Fails, naming what is missing and how to install it.
+fn require_browser_tools(root: &Path) {
+    let node = std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .map(|out| out.status.success())
+        .unwrap_or(false);
+    assert!(node, "node is missing: {INSTALL_HINT}");
+    assert!(
+        Path::new(CHROMIUM).exists(),
+        "{CHROMIUM} is missing: {INSTALL_HINT}"
+    );
+    let playwright = root.join("crates/e2e/tests/browser/node_modules/playwright-core");
+    assert!(
+        playwright.exists(),
+        "{} is missing: {INSTALL_HINT}",
+        playwright.display()
+    );
+}
+
+#[tokio::test]
+async fn the_settings_pages_work_in_a_real_browser() {
+    let root = workspace_root();
+    require_browser_tools(&root);
+    let screenshots = std::env::var_os("SCREENSHOT_DIR")
+        .map(PathBuf::from)
+        .map(|dir| {
+            if dir.is_absolute() {
+                dir
+            } else {
+                root.join(dir)
+            }
+        })
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("screenshots"));
+    std::fs::create_dir_all(&screenshots).expect("the screenshot folder");
+
+    let system = System::start(DELAYS).await;
+    let receiver = Receiver::start().await;
+    receiver.set_path_behavior("/ok", Behavior::Status(200));
+    receiver.set_path_behavior("/fail", Behavior::Status(500));
+
+    let mut node = tokio::process::Command::new("node");
+    node.current_dir(&root)
+        .args([
+            "--test",
+            "--test-reporter=spec",
+            "crates/e2e/tests/browser/settings.spec.mjs",
+        ])
+        .env("ADMIN_URL", &system.admin)
+        .env("ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("INGEST_URL", &system.ingest)
+        .env("INBOUND_TOKEN", &system.inbound_token)
+        .env("RECEIVER_OK_URL", receiver.url("/ok"))
+        .env("RECEIVER_FAIL_URL", receiver.url("/fail"))
+        .env("SCREENSHOT_DIR", &screenshots)
+        .env("CHROMIUM", CHROMIUM)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(DEADLINE, node.output())
+        .await
+        .unwrap_or_else(|_| panic!("the browser test did not finish within {DEADLINE:?}"))
+        .expect("running node");
+    println!("{}", String::from_utf8_lossy(&output.stdout));
+    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "the browser test failed ({}); its output is above",
+        output.status
+    );
+    println!("screenshots in {}", screenshots.display());
+    system.stop().await;
+}

@@ -1,0 +1,367 @@
+// Tocsin's settings pages in Debian's headless Chromium, driven by Playwright against a running
+// system. crates/e2e/tests/browser.rs starts the system and runs this file with:
+//   ADMIN_URL, ADMIN_TOKEN       the admin service and its token
+//   INGEST_URL, INBOUND_TOKEN    the ingest service and an inbound token
+//   RECEIVER_OK_URL              a target that answers 200
+//   RECEIVER_FAIL_URL            a target that answers 500
+//   SCREENSHOT_DIR               where the screenshots go
+//   CHROMIUM                     the browser (default /usr/bin/chromium)
+// The steps run in order: each builds on the one before, as an operator's session would.
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import path from "node:path";
+import { chromium } from "playwright-core";
+
+const env = (name) => {
+  const value = process.env[name];
+  assert.ok(value, `${name} must be set (crates/e2e/tests/browser.rs sets it)`);
+  return value;
+};
+
+const ADMIN_URL = env("ADMIN_URL");
+const ADMIN_TOKEN = env("ADMIN_TOKEN");
+const INGEST_URL = env("INGEST_URL");
+const INBOUND_TOKEN = env("INBOUND_TOKEN");
+const RECEIVER_OK_URL = env("RECEIVER_OK_URL");
+const RECEIVER_FAIL_URL = env("RECEIVER_FAIL_URL");
+const SCREENSHOT_DIR = env("SCREENSHOT_DIR");
+const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
+
+const DESKTOP = { width: 1280, height: 860 };
+const PHONE = { width: 375, height: 812 };
+const WAIT_MS = 20000;
+const WEBHOOK = "Ops pager";
+
+let browser;
+let context;
+let page;
+/** Script errors seen on any page: there must be none. */
+const scriptErrors = [];
+/** The first step that failed: the later ones are skipped, as they build on it. */
+let broken = null;
+
+async function step(t, name, body) {
+  const skip = broken ? `skipped after the failure of "${broken}"` : false;
+  await t.test(name, { skip }, async () => {
+    try {
+      await body();
+    } catch (error) {
+      broken = name;
+      throw error;
+    }
+  });
+}
+
+before(async () => {
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    args: [
+      "--headless",
+      "--no-sandbox",
+      "--disable-gpu",
+      "--disable-quic",
+      "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+    ],
+  });
+  context = await browser.newContext({ viewport: DESKTOP, baseURL: ADMIN_URL });
+  await context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: ADMIN_URL });
+  page = await context.newPage();
+  page.setDefaultTimeout(WAIT_MS);
+  page.on("pageerror", (error) => scriptErrors.push(`${page.url()}: ${error.message}`));
+});
+
+after(async () => {
+  await browser?.close();
+});
+
+async function screenshot(name, target = page) {
+  await target.screenshot({ path: path.join(SCREENSHOT_DIR, `${name}.png`), fullPage: true });
+}
+
+/** Posts an alert to ingest, as a monitoring tool would. */
+async function alert(body) {
+  const response = await fetch(`${INGEST_URL}/api/v1/webhooks/alerts`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${INBOUND_TOKEN}`, "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+  });
+  const answer = await response.text();
+  assert.equal(response.status, 202, answer);
+  return JSON.parse(answer);
+}
+
+/** Reloads the page until `selector` matches, within a deadline. */
+async function reloadUntil(selector, what, timeoutMs = WAIT_MS) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const found = page.locator(selector);
+    if ((await found.count()) > 0) return found.first();
+    if (Date.now() > deadline) {
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what} on ${page.url()}`);
+    }
+    await page.waitForTimeout(250);
+    await page.reload();
+  }
+}
+
+async function text(selector) {
+  return (await page.locator(selector).first().textContent()).trim();
+}
+
+async function openWebhook(name = WEBHOOK) {
+  await page.goto("/settings/");
+  await page.getByRole("link", { name, exact: true }).click();
+  await page.getByRole("heading", { level: 1, name }).waitFor();
+}
+
+let firstSecret;
+let failedDeliveryUrl;
+
+test("the settings pages, from sign-in to deleting a webhook", async (t) => {
+  await step(t, "/ leads to the sign-in page, which refuses a wrong token", async () => {
+    await page.goto("/");
+    assert.match(page.url(), /\/settings\/sign-in$/);
+    await page.getByLabel("Admin token").fill("not-the-admin-token");
+    await page.getByRole("button", { name: "Sign in" }).click();
+    assert.equal(await text("[role=alert]"), "That is not the admin token.");
+    assert.equal(await page.locator("#token").getAttribute("aria-invalid"), "true");
+    assert.equal((await context.cookies()).length, 0);
+  });
+
+  await step(t, "signing in sets an HttpOnly, SameSite=Strict session cookie", async () => {
+    await page.getByLabel("Admin token").fill(ADMIN_TOKEN);
+    await page.getByRole("button", { name: "Sign in" }).click();
+    await page.getByRole("heading", { level: 1, name: "Webhooks" }).waitFor();
+    const [cookie] = await context.cookies();
+    assert.equal(cookie.name, "tocsin_session");
+    assert.equal(cookie.httpOnly, true);
+    assert.equal(cookie.sameSite, "Strict");
+    assert.equal(cookie.path, "/settings");
+    // The first Tab reaches the skip link.
+    await page.keyboard.press("Tab");
+    assert.equal(await page.evaluate(() => document.activeElement.textContent), "Skip to main content");
+  });
+
+  await step(t, "the create form refuses a bad URL and no events before sending", async () => {
+    await page.getByRole("link", { name: "Create outbound webhook" }).click();
+    await page.getByRole("heading", { level: 1, name: "Create outbound webhook" }).waitFor();
+    await page.getByLabel("Name").fill(WEBHOOK);
+    await page.getByLabel("Target URL").fill("not a url");
+    await page.getByRole("button", { name: "Create webhook" }).click();
+    await page.locator("#url-error").waitFor({ state: "visible" });
+    assert.match(await text("#url-error"), /must be an absolute URL/);
+    assert.match(await text("#events-error"), /must list at least one event kind/);
+    assert.ok(await page.locator("#name-error").isHidden(), "the name was fine");
+    assert.match(page.url(), /\/settings\/webhooks\/new$/, "nothing was sent");
+    assert.equal(await page.evaluate(() => document.activeElement.id), "url");
+  });
+
+  await step(t, "without JavaScript the server refuses them, each error beside its field", async () => {
+    const plain = await browser.newContext({ viewport: DESKTOP, baseURL: ADMIN_URL, javaScriptEnabled: false });
+    await plain.addCookies(await context.cookies());
+    const noScript = await plain.newPage();
+    await noScript.goto("/settings/webhooks/new");
+    await noScript.getByLabel("Name").fill(WEBHOOK);
+    await noScript.getByLabel("Target URL").fill("not a url");
+    const [response] = await Promise.all([
+      noScript.waitForResponse((r) => r.request().method() === "POST"),
+      noScript.getByRole("button", { name: "Create webhook" }).click(),
+    ]);
+    assert.equal(response.status(), 422);
+    await noScript.locator("#error-summary").waitFor();
+    assert.match(await noScript.locator("#url-error").textContent(), /must be an absolute URL/);
+    assert.match(await noScript.locator("#events-error").textContent(), /must list at least one event kind/);
+    assert.equal(await noScript.locator("#url").getAttribute("aria-invalid"), "true");
+    assert.equal(await noScript.locator("#name").inputValue(), WEBHOOK, "typed values come back");
+    await screenshot("create-webhook-errors", noScript);
+    await plain.close();
+  });
+
+  await step(t, "a valid form creates the webhook and shows its secret once", async () => {
+    await page.getByLabel("Target URL").fill(RECEIVER_OK_URL);
+    await page.getByLabel("incidents.opened").check();
+    await page.getByLabel("incidents.resolved").check();
+    assert.ok(await page.locator("#events-error").isHidden(), "the events error clears as they are chosen");
+    assert.equal(await text("#schedule"), "immediately, +200 ms, +200 ms, +200 ms, +200 ms");
+    await page.getByLabel("Max attempts").fill("2");
+    assert.equal(await text("#schedule"), "immediately, +200 ms");
+    await page.getByLabel("Max attempts").fill("5");
+    await page.getByRole("button", { name: "Create webhook" }).click();
+    await page.getByRole("heading", { level: 1, name: "Webhook created" }).waitFor();
+    firstSecret = await page.locator("#secret").inputValue();
+    assert.match(firstSecret, /^whsec_[A-Za-z0-9+/=]+$/);
+    await page.getByRole("button", { name: "Copy" }).click();
+    assert.equal(await text("#copy-status"), "Copied to the clipboard.");
+    assert.equal(await page.evaluate(() => navigator.clipboard.readText()), firstSecret);
+    await page.getByRole("heading", { name: "How to verify a delivery" }).waitFor();
+    await page.getByRole("link", { name: "Go to the webhook" }).click();
+    await page.getByRole("heading", { level: 1, name: WEBHOOK }).waitFor();
+  });
+
+  await step(t, "a second webhook, subscribed to every event", async () => {
+    await page.goto("/settings/webhooks/new");
+    await page.getByLabel("Name").fill("Status page");
+    await page.getByLabel("Target URL").fill(RECEIVER_OK_URL);
+    for (const event of ["incidents.opened", "incidents.status_changed", "incidents.resolved"]) {
+      await page.getByLabel(event).check();
+    }
+    await page.getByLabel("Max attempts").fill("3");
+    await page.getByRole("button", { name: "Create webhook" }).click();
+    await page.getByRole("heading", { level: 1, name: "Webhook created" }).waitFor();
+  });
+
+  await step(t, "an alert through ingest is delivered, and the log shows payload and response", async () => {
+    await alert({ title: "Checkout latency above 2s", dedup_key: "checkout", severity: "critical" });
+    await openWebhook();
+    const row = await reloadUntil(
+      'tr[data-state="succeeded"][data-event="incidents.opened"]',
+      "a succeeded incidents.opened delivery"
+    );
+    assert.equal((await row.locator('td[data-label="Attempts"]').textContent()).trim(), "1");
+    await row.getByRole("link").click();
+    await page.getByRole("heading", { level: 1, name: "Delivery of incidents.opened" }).waitFor();
+    const attempt = page.locator('[data-attempt="1"]');
+    assert.equal(await attempt.getAttribute("data-success"), "true");
+    assert.equal(await attempt.getAttribute("data-trigger"), "automatic");
+    assert.equal((await attempt.locator("[data-status-code]").textContent()).trim(), "200");
+    const payload = await attempt.locator("[data-payload]").textContent();
+    assert.match(payload, /"event": "incidents.opened"/);
+    assert.match(payload, /"title": "Checkout latency above 2s"/);
+    assert.match(payload, /"severity": "SEV1"/);
+    assert.equal((await attempt.locator("[data-response]").textContent()).trim(), "answer 200");
+    assert.ok(await attempt.getByRole("rowheader", { name: "webhook-signature" }).isVisible());
+  });
+
+  await step(t, "the target fails: the attempts are logged until the delivery is failed", async () => {
+    await openWebhook();
+    await page.getByRole("link", { name: "Edit" }).click();
+    await page.getByLabel("Target URL").fill(RECEIVER_FAIL_URL);
+    await page.getByRole("button", { name: "Save changes" }).click();
+    assert.equal(await text("[role=status].alert"), "Webhook saved.");
+    assert.equal(await text(".details .url"), RECEIVER_FAIL_URL);
+
+    await alert({ title: "Checkout latency above 2s", dedup_key: "checkout", status: "resolved" });
+    const row = await reloadUntil(
+      'tr[data-state="failed"][data-event="incidents.resolved"]',
+      "a failed incidents.resolved delivery"
+    );
+    assert.equal((await row.locator('td[data-label="Attempts"]').textContent()).trim(), "5");
+    // The state filter keeps only the failed one.
+    await page.getByLabel("State").selectOption("failed");
+    await page.getByRole("button", { name: "Filter" }).click();
+    assert.equal(await page.locator("tr[data-state]").count(), 1);
+    await page.getByRole("link", { name: "Clear filters" }).click();
+    assert.equal(await page.locator("tr[data-state]").count(), 2);
+    await screenshot("webhook-detail");
+
+    await page.locator('tr[data-state="failed"]').getByRole("link").click();
+    failedDeliveryUrl = page.url();
+    assert.equal(await text("[data-delivery-state]"), "Failed");
+    const attempts = page.locator("[data-attempt]");
+    assert.equal(await attempts.count(), 5);
+    for (let i = 0; i < 5; i++) {
+      assert.equal(await attempts.nth(i).getAttribute("data-success"), "false");
+      assert.equal((await attempts.nth(i).locator("[data-status-code]").textContent()).trim(), "500");
+    }
+    assert.equal((await page.locator('[data-attempt="5"] [data-response]').textContent()).trim(), "answer 500");
+  });
+
+  await step(t, "Retry makes a manual attempt that appears without a reload", async () => {
+    await page.evaluate(() => {
+      window.__sameDocument = true;
+    });
+    await page.getByRole("button", { name: "Retry" }).click();
+    await page.locator('[data-attempt="6"][data-trigger="manual"]').waitFor();
+    assert.equal(await page.evaluate(() => window.__sameDocument), true, "the page was not reloaded");
+    assert.equal(await text("#retry-status"), "Attempt 6 (manual) failed with HTTP 500.");
+    assert.equal(await text("[data-delivery-state]"), "Failed");
+    await screenshot("delivery-detail");
+  });
+
+  await step(t, "with the target fixed, Retry delivers it", async () => {
+    await openWebhook();
+    await page.getByRole("link", { name: "Edit" }).click();
+    await page.getByLabel("Target URL").fill(RECEIVER_OK_URL);
+    await page.getByRole("button", { name: "Save changes" }).click();
+    await page.goto(failedDeliveryUrl);
+    await page.getByRole("button", { name: "Retry" }).click();
+    await page.locator('[data-attempt="7"][data-success="true"]').waitFor();
+    assert.equal(await text("#retry-status"), "Attempt 7 (manual) succeeded with HTTP 200.");
+    assert.equal(await text("[data-delivery-state]"), "Succeeded");
+  });
+
+  await step(t, "rotating the secret shows the new one, the old one signing for a while", async () => {
+    await openWebhook();
+    await page.getByRole("button", { name: "Rotate secret" }).click();
+    await page.getByRole("heading", { level: 1, name: "Signing secret rotated" }).waitFor();
+    const secret = await page.locator("#secret").inputValue();
+    assert.match(secret, /^whsec_/);
+    assert.notEqual(secret, firstSecret);
+    await page.getByText("The previous secret keeps signing beside it until").waitFor();
+  });
+
+  await step(t, "incidents: listed with status and severity, acknowledged from the list", async () => {
+    await alert({ title: "Queue consumer stuck", dedup_key: "queue", severity: "warning" });
+    await page.getByRole("link", { name: "Incidents" }).click();
+    const row = page.locator("tr", { hasText: "Queue consumer stuck" });
+    assert.equal(await row.getAttribute("data-status"), "triggered");
+    assert.equal((await row.locator('td[data-label="Severity"]').textContent()).trim(), "SEV3");
+    const resolved = page.locator("tr", { hasText: "Checkout latency above 2s" });
+    assert.equal(await resolved.getAttribute("data-status"), "resolved");
+    await row.getByRole("button", { name: "Acknowledge Queue consumer stuck" }).click();
+    assert.equal(await text("[role=status].alert"), "Incident acknowledged.");
+    const acknowledged = page.locator("tr", { hasText: "Queue consumer stuck" });
+    assert.equal(await acknowledged.getAttribute("data-status"), "acknowledged");
+    await screenshot("incidents");
+  });
+
+  await step(t, "the webhook list, on a desktop and at phone width", async () => {
+    await page.getByRole("link", { name: "Webhooks" }).click();
+    const row = page.locator("tr", { hasText: WEBHOOK });
+    assert.match(await row.textContent(), /Succeeded/);
+    await screenshot("webhooks");
+    await page.setViewportSize(PHONE);
+    await page.reload();
+    const width = await page.evaluate(() => document.documentElement.scrollWidth);
+    assert.ok(width <= PHONE.width, `no sideways scrolling at 375 px (content is ${width} px wide)`);
+    assert.ok(await page.getByRole("link", { name: WEBHOOK }).isVisible());
+    await screenshot("webhooks-phone");
+    await page.setViewportSize(DESKTOP);
+  });
+
+  await step(t, "deleting asks for confirmation", async () => {
+    await openWebhook();
+    page.once("dialog", (dialog) => dialog.dismiss());
+    await page.getByRole("button", { name: "Delete" }).click();
+    await page.getByRole("heading", { level: 1, name: WEBHOOK }).waitFor();
+    assert.doesNotMatch(page.url(), /notice=deleted/);
+
+    let asked = "";
+    page.once("dialog", (dialog) => {
+      asked = dialog.message();
+      dialog.accept();
+    });
+    await page.getByRole("button", { name: "Delete" }).click();
+    await page.waitForURL(/\/settings\/\?notice=deleted$/);
+    assert.match(asked, /Delete the webhook “Ops pager”\?/);
+    assert.equal(await text("[role=status].alert"), "Webhook deleted. Its delivery log stays readable.");
+    assert.equal(await page.getByRole("link", { name: WEBHOOK, exact: true }).count(), 0);
+    assert.equal(await page.getByRole("link", { name: "Status page" }).count(), 1);
+  });
+
+  await step(t, "signing out ends the session", async () => {
+    await page.getByRole("button", { name: "Sign out" }).click();
+    await page.getByRole("heading", { level: 1, name: "Sign in to the settings" }).waitFor();
+    await page.goto("/settings/deliveries");
+    assert.match(page.url(), /\/settings\/sign-in$/);
+  });
+
+  await step(t, "no page had a script error", async () => {
+    assert.deepEqual(scriptErrors, []);
+  });
+});
