@@ -12,6 +12,7 @@
 //! | `TOCSIN_ADMIN_BODY_LIMIT` | `1048576` | largest accepted request body, bytes (1 MiB) |
 //! | `TOCSIN_OUTBOX_POLL` | `1s` | fallback poll of the outbox relay |
 //! | `TOCSIN_HTTP_WORKERS` | CPU count | HTTP worker threads |
+//! | `TOCSIN_ADMIN_AUTH_FAILURES` | `5` | wrong admin tokens (API or sign-in) one client address may present per minute before it gets 429 |
 //! | `TOCSIN_SECURE_COOKIES` | `false` | mark the settings pages' session cookie `Secure` (set it when admin is reached over HTTPS) |
 //!
 //! The operator commands (`tocsin-admin token create --name NAME`, `token list`,
@@ -131,6 +132,11 @@ pub struct Config {
         action = clap::ArgAction::Set
     )]
     pub secure_cookies: bool,
+
+    /// Wrong admin tokens (API calls or sign-ins) one client address may present per minute
+    /// before its requests are refused with 429 for the rest of the minute.
+    #[arg(long, env = "TOCSIN_ADMIN_AUTH_FAILURES", value_name = "TOCSIN_ADMIN_AUTH_FAILURES", default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..))]
+    pub auth_failures: u16,
 }
 
 impl Config {
@@ -145,6 +151,7 @@ impl Config {
             outbox_poll: Duration::from_millis(500),
             workers: Some(1),
             secure_cookies: false,
+            auth_failures: 5,
         }
     }
 }

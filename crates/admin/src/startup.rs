@@ -48,11 +48,15 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         secret_grace: config.secret_grace,
         body_limit: config.body_limit,
     });
+    let limiter = web::Data::new(crate::auth::FailedAuthLimiter::new(usize::from(
+        config.auth_failures,
+    )));
     let pages_state = web::Data::new(PagesState::new(
         &token,
         config.secure_cookies,
         common.retry_delays.clone(),
         config.body_limit,
+        limiter.clone(),
     ));
     let token = web::Data::new(token);
     let document = web::Data::new(OpenApiJson(openapi::document()));
@@ -66,6 +70,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         web::PathConfig::default().error_handler(tocsin_web::error::path_error_handler);
     let routes = move |cfg: &mut web::ServiceConfig| {
         cfg.app_data(state.clone())
+            .app_data(limiter.clone())
             .app_data(token.clone())
             .app_data(document.clone())
             .app_data(pages_state.clone())

@@ -297,7 +297,8 @@ fn rfc3339(t: OffsetDateTime) -> String {
 
 #[tokio::test]
 async fn every_api_call_needs_the_admin_token_but_the_open_endpoints_do_not() {
-    let admin = TestAdmin::start().await;
+    // Many wrong tokens from one address on purpose: lift the per-address limit here.
+    let admin = TestAdmin::start_with(TestDb::new().await, |c| c.auth_failures = 100).await;
     for (token, what) in [
         (None, "no token"),
         (Some("wrong-token-0123456789"), "wrong token"),
@@ -1636,4 +1637,37 @@ async fn sigterm_stops_the_binary_cleanly() {
     })
     .await;
     assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
+#[tokio::test]
+async fn repeated_wrong_admin_tokens_are_rate_limited_per_address() {
+    let admin = TestAdmin::start().await;
+    let client = reqwest::Client::new();
+    let call = |token: &'static str| {
+        client
+            .get(format!("{}/api/v1/webhooks", admin.base))
+            .bearer_auth(token)
+            .send()
+    };
+    for _ in 0..5 {
+        assert_eq!(call("wrong-token-wrong-token").await.unwrap().status(), 401);
+    }
+    let limited = call("wrong-token-wrong-token").await.unwrap();
+    assert_eq!(limited.status(), 429);
+    let retry_after: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=61).contains(&retry_after), "{retry_after}");
+    let body: serde_json::Value = limited.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "rate_limited");
+    // The address is refused for the window, even with the right token: guessing gains nothing.
+    let right = client
+        .get(format!("{}/api/v1/webhooks", admin.base))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(right.status(), 429);
 }

@@ -22,13 +22,15 @@ use tocsin_domain::RetrySchedule;
 
 use crate::config::AdminToken;
 use crate::error::AdminError;
-use session::{SessionKeys, SignInLimiter};
+use session::SessionKeys;
+
+use crate::auth::FailedAuthLimiter;
 use templates::{ErrorPage, Layout};
 
 /// What the page handlers share besides `AdminState`.
 pub struct PagesState {
     pub keys: SessionKeys,
-    pub limiter: SignInLimiter,
+    pub limiter: web::Data<FailedAuthLimiter>,
     pub token: AdminToken,
     /// The retry schedule, to show what a webhook's max attempts imply.
     pub schedule: RetrySchedule,
@@ -41,10 +43,11 @@ impl PagesState {
         secure_cookies: bool,
         schedule: RetrySchedule,
         body_limit: usize,
+        limiter: web::Data<FailedAuthLimiter>,
     ) -> Self {
         PagesState {
             keys: SessionKeys::new(token, secure_cookies),
-            limiter: SignInLimiter::default(),
+            limiter,
             token: token.clone(),
             schedule,
             body_limit,

@@ -9,11 +9,8 @@
 //!   POST; a POST whose `Origin` is present and names another host is refused as well.
 //! - Failed sign-ins are limited per client address: the sixth within a minute answers 429.
 
-use std::collections::{HashMap, VecDeque};
 use std::future::{ready, Ready};
-use std::net::IpAddr;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix_web::cookie::{Cookie, SameSite};
 use actix_web::dev::Payload;
@@ -32,11 +29,6 @@ use crate::config::AdminToken;
 pub const COOKIE: &str = "tocsin_session";
 /// How long a session lasts (12 h).
 const LIFETIME_SECS: i64 = 12 * 60 * 60;
-/// Failed sign-ins one client address may make per window before it is refused.
-const FAILURES_ALLOWED: usize = 5;
-const FAILURE_WINDOW: Duration = Duration::from_secs(60);
-/// Addresses tracked at most; past this, the oldest records are dropped first.
-const TRACKED_ADDRESSES: usize = 10_000;
 /// The purpose the session key is derived for.
 const KEY_PURPOSE: &str = "tocsin settings session";
 
@@ -190,55 +182,6 @@ fn check_origin(req: &HttpRequest) -> Result<(), PageError> {
     }
 }
 
-/// Failed sign-ins per client address over the last minute.
-#[derive(Default)]
-pub struct SignInLimiter {
-    failures: Mutex<HashMap<IpAddr, VecDeque<Instant>>>,
-}
-
-impl SignInLimiter {
-    /// `Err(wait)` when the address used up its failures: how long until it may try again.
-    fn check(&self, address: IpAddr, now: Instant) -> Result<(), Duration> {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(times) = failures.get_mut(&address) else {
-            return Ok(());
-        };
-        times.retain(|at| now.duration_since(*at) < FAILURE_WINDOW);
-        if times.len() < FAILURES_ALLOWED {
-            return Ok(());
-        }
-        let oldest = times.front().copied().unwrap_or(now);
-        Err(FAILURE_WINDOW.saturating_sub(now.duration_since(oldest)))
-    }
-
-    fn record_failure(&self, address: IpAddr, now: Instant) {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        if failures.len() >= TRACKED_ADDRESSES && !failures.contains_key(&address) {
-            failures.retain(|_, times| {
-                times
-                    .back()
-                    .is_some_and(|at| now.duration_since(*at) < FAILURE_WINDOW)
-            });
-        }
-        if failures.len() < TRACKED_ADDRESSES || failures.contains_key(&address) {
-            failures.entry(address).or_default().push_back(now);
-        }
-    }
-
-    fn clear(&self, address: IpAddr) {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        failures.remove(&address);
-    }
-}
-
-/// The address failed sign-ins are counted against: the TCP peer (not a forwarded-for header,
-/// which a client could set to anything).
-fn client_address(req: &HttpRequest) -> IpAddr {
-    req.peer_addr()
-        .map(|addr| addr.ip())
-        .unwrap_or(IpAddr::from([0, 0, 0, 0]))
-}
-
 /// `GET /settings/sign-in`: the form (or the webhooks, when already signed in).
 pub async fn sign_in_form(
     req: HttpRequest,
@@ -263,7 +206,7 @@ pub async fn sign_in(
     pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
     check_origin(&req)?;
-    let address = client_address(&req);
+    let address = crate::auth::client_address(&req);
     let now = Instant::now();
     if let Err(wait) = pages.limiter.check(address, now) {
         return Err(PageError::RateLimited {
@@ -362,20 +305,5 @@ mod tests {
         assert!(!cookie.contains("Secure"));
         let secure = SessionKeys::new(&AdminToken::new("0123456789abcdef-token"), true);
         assert!(secure.cookie("v".into()).to_string().contains("Secure"));
-    }
-
-    #[test]
-    fn five_failures_a_minute_then_a_wait() {
-        let limiter = SignInLimiter::default();
-        let address = IpAddr::from([192, 0, 2, 1]);
-        let start = Instant::now();
-        for i in 0..5 {
-            assert!(limiter.check(address, start).is_ok(), "failure {i}");
-            limiter.record_failure(address, start);
-        }
-        let wait = limiter.check(address, start).unwrap_err();
-        assert_eq!(wait, FAILURE_WINDOW);
-        assert!(limiter.check(IpAddr::from([192, 0, 2, 2]), start).is_ok());
-        assert!(limiter.check(address, start + FAILURE_WINDOW).is_ok());
     }
 }
