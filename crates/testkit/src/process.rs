@@ -21,7 +21,25 @@ impl ServiceProcess {
     /// Starts `binary` with `env` (added to a cleared environment but for `PATH` and `HOME`),
     /// its output going to the test's output.
     pub fn spawn(binary: &str, env: &[(&str, String)]) -> ServiceProcess {
+        Self::spawn_logged(binary, env, None)
+    }
+
+    /// Like [`ServiceProcess::spawn`], with stdout and stderr appended to `log` when given.
+    pub fn spawn_logged(
+        binary: &str,
+        env: &[(&str, String)],
+        log: Option<&std::path::Path>,
+    ) -> ServiceProcess {
         let mut command = Command::new(binary);
+        if let Some(path) = log {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+            let copy = file.try_clone().expect("duplicating the log file");
+            command.stdout(file).stderr(copy);
+        }
         command.env_clear();
         for keep in ["PATH", "HOME", "RUST_LOG"] {
             if let Ok(value) = std::env::var(keep) {

@@ -38,6 +38,8 @@ pub struct Received {
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
     pub at: Instant,
+    /// The status the receiver answered with (`None`: it hung or closed the connection).
+    pub answered: Option<u16>,
 }
 
 impl Received {
@@ -181,17 +183,24 @@ async fn handle(
     let behavior = {
         let mut state = state.lock().expect("receiver state");
         let for_path = state.by_path.get(&path).cloned();
+        let behavior = for_path
+            .or_else(|| state.script.pop_front())
+            .or_else(|| state.default.clone())
+            .unwrap_or(Behavior::Status(200));
+        let answered = match &behavior {
+            Behavior::Status(status) | Behavior::Delay(_, status) => Some(*status),
+            Behavior::Redirect(_) => Some(302),
+            Behavior::Hang | Behavior::Close => None,
+        };
         state.received.push(Received {
             method,
             path,
             headers,
             body,
             at,
+            answered,
         });
-        for_path
-            .or_else(|| state.script.pop_front())
-            .or_else(|| state.default.clone())
-            .unwrap_or(Behavior::Status(200))
+        behavior
     };
     let respond = |status: u16| {
         let mut response = Response::new(Full::new(Bytes::from(format!("answer {status}"))));
