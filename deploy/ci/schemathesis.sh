@@ -40,7 +40,7 @@ TOCSIN_AMQP_PREFIX="$prefix" \
 TOCSIN_ADMIN_TOKEN="$token" \
 TOCSIN_ADMIN_ADDR="127.0.0.1:$port" \
 RUST_LOG=warn \
-  target/debug/tocsin-admin &
+  "${CARGO_TARGET_DIR:-target}/debug/tocsin-admin" &
 admin_pid=$!
 for _ in $(seq 1 60); do
   curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break

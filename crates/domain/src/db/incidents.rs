@@ -152,7 +152,11 @@ async fn open_incident_for_update(
 ) -> Result<Option<Incident>, DbError> {
     incidents::table
         .filter(incidents::dedup_key.eq(key))
-        .filter(incidents::status.ne(IncidentStatus::Resolved.as_str()))
+        // A literal, as in the partial index's predicate: with a bound parameter, PostgreSQL's
+        // generic plan cannot use `incidents_open_dedup_key` and scans the whole table.
+        .filter(diesel::dsl::sql::<diesel::sql_types::Bool>(
+            "status <> 'resolved'",
+        ))
         .for_update()
         .select(IncidentRow::as_select())
         .first(conn)

@@ -1,0 +1,145 @@
+//! Every scenario of the bench against a whole Tocsin in this process, with small numbers, so
+//! that the tool cannot rot. No timing assertions: only that nothing is lost and the reports
+//! make sense.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tocsin_bench::{
+    BacklogConfig, Bench, FanoutConfig, LatencyConfig, Load, LoadConfig, Report, SlowTargetConfig,
+    Target,
+};
+use tocsin_e2e::{System, ADMIN_TOKEN};
+
+fn closed(alerts: usize, concurrency: usize) -> LoadConfig {
+    LoadConfig {
+        alerts,
+        load: Load::Closed { concurrency },
+    }
+}
+
+fn check(report: &Report, delivering: bool) {
+    let table = tocsin_bench::output::table(report);
+    println!("{table}");
+    assert!(!report.phases.is_empty(), "{table}");
+    for phase in &report.phases {
+        assert_eq!(phase.errors, 0, "{table}");
+        assert_eq!(phase.alerts_accepted, phase.alerts_sent, "{table}");
+        assert!(phase.alerts_sent > 0, "{table}");
+        assert!(phase.accepted_per_sec > 0.0, "{table}");
+        let ingest = phase.ingest_ms.as_ref().expect("ingest times");
+        assert_eq!(ingest.count, phase.alerts_sent, "{table}");
+        assert!(
+            ingest.p50 <= ingest.p99 && ingest.p99 <= ingest.max,
+            "{table}"
+        );
+        assert_eq!(phase.lost, 0, "{table}");
+        assert_eq!(phase.duplicates, 0, "{table}");
+        if delivering {
+            assert_eq!(
+                phase.received,
+                phase.alerts_accepted * phase.webhooks,
+                "{table}"
+            );
+            let latency = phase.latency_ms.as_ref().expect("latencies");
+            assert_eq!(latency.count, phase.received, "{table}");
+            assert!(latency.p50 <= latency.p99, "{table}");
+            assert!(phase.deliveries_per_sec > 0.0, "{table}");
+        }
+    }
+    let json = serde_json::to_value(report).expect("report as JSON");
+    assert_eq!(json["scenario"], report.scenario.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_scenario_runs_against_a_real_system() {
+    let system = System::start("0s,200ms").await;
+    let bench = Arc::new(
+        Bench::connect(Target {
+            ingest_url: system.ingest.clone(),
+            admin_url: system.admin.clone(),
+            admin_token: ADMIN_TOKEN.into(),
+            // Let the bench create its own, as it does by default.
+            inbound_token: None,
+            drain_timeout: Duration::from_secs(30),
+        })
+        .await
+        .expect("connecting the bench"),
+    );
+
+    let report = tocsin_bench::ingest(&bench, closed(50, 8))
+        .await
+        .expect("ingest");
+    check(&report, false);
+
+    let report = tocsin_bench::e2e(&bench, closed(50, 8)).await.expect("e2e");
+    check(&report, true);
+    assert_eq!(report.phases[0].received, 50);
+
+    let dir = std::env::temp_dir().join(format!("tocsin-bench-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    tocsin_bench::write_json(&report, &dir.join("e2e.json")).expect("json");
+    tocsin_bench::output::svg(&report, &dir.join("e2e.svg")).expect("svg");
+    let svg = std::fs::read_to_string(dir.join("e2e.svg")).expect("svg file");
+    assert!(svg.contains("<svg") && svg.contains("polyline"), "{svg}");
+
+    let report = tocsin_bench::latency(
+        &bench,
+        LatencyConfig {
+            rates: vec![50.0],
+            duration: Duration::from_secs(1),
+        },
+    )
+    .await
+    .expect("latency");
+    check(&report, true);
+    assert_eq!(report.phases[0].alerts_sent, 50);
+
+    let report = tocsin_bench::fanout(
+        &bench,
+        FanoutConfig {
+            webhooks: 20,
+            alerts: 1,
+        },
+    )
+    .await
+    .expect("fanout");
+    check(&report, true);
+    assert_eq!(report.phases[0].received, 20);
+    assert!(report.figures.contains_key("time_to_last_receipt_ms"));
+
+    let report = tocsin_bench::slow_target(
+        &bench,
+        SlowTargetConfig {
+            load: closed(50, 8),
+            slow_timeout_ms: 1000,
+        },
+    )
+    .await
+    .expect("slow-target");
+    check(&report, true);
+    assert_eq!(report.phases.len(), 2);
+    assert!(report.figures.contains_key("healthy_throughput_kept_pct"));
+
+    let report = tocsin_bench::scale(&bench, closed(50, 8), Some(1))
+        .await
+        .expect("scale");
+    check(&report, true);
+    assert_eq!(report.label.as_deref(), Some("1 dispatcher(s)"));
+
+    let report = tocsin_bench::backlog(
+        &bench,
+        BacklogConfig {
+            load: closed(20, 8),
+            hold: Duration::from_secs(1),
+        },
+    )
+    .await
+    .expect("backlog");
+    check(&report, true);
+    assert_eq!(report.phases[0].received, 20);
+
+    let _ = std::fs::remove_dir_all(&dir);
+    drop(bench);
+    system.stop().await;
+}
