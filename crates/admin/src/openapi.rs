@@ -223,6 +223,11 @@ impl Modify for Security {
                 "Missing or wrong admin token",
                 Some(("WWW-Authenticate", Header::new(string()))),
             ),
+            (
+                "TooManyFailures",
+                "This client address presented too many wrong admin tokens; retry after Retry-After seconds",
+                Some(("Retry-After", Header::new(integer()))),
+            ),
             ("Internal", "An unexpected error; it was logged", None),
             (
                 "Unavailable",
@@ -264,6 +269,7 @@ fn protect(operation: &mut Operation) {
     )]);
     for (status, name) in [
         ("401", "Unauthorized"),
+        ("429", "TooManyFailures"),
         ("500", "Internal"),
         ("503", "Unavailable"),
     ] {
