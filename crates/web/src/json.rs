@@ -29,8 +29,16 @@ pub fn parse<T: DeserializeOwned>(req: &HttpRequest, body: &[u8]) -> Result<T, A
     parse_bytes(body)
 }
 
-/// Parses bytes into `T`: 400 for a syntax error, 422 naming the field for a shape error.
+/// Parses a JSON object into `T`: 400 for a syntax error, 422 naming the field for a shape
+/// error. Every request body of Tocsin is an object; serde would otherwise read an array into a
+/// struct field by field (`[]` as a patch that changes nothing).
 pub fn parse_bytes<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|b| *b != b'{')
+        && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
+    {
+        return Err(ApiError::invalid("body", "must be a JSON object"));
+    }
     let deserializer = &mut serde_json::Deserializer::from_slice(body);
     let parsed: Result<T, _> = serde_path_to_error::deserialize(deserializer);
     parsed.map_err(|error| {
@@ -93,6 +101,15 @@ mod tests {
         assert!(error.body().error.message.contains("missing field `name`"));
         let error = parse_bytes::<Body>(br#"{"retry":{"max_attempts":300}}"#).unwrap_err();
         assert_eq!(error.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    }
+
+    #[test]
+    fn bodies_must_be_objects() {
+        for body in [&b"[]"[..], b" [1]", b"\"x\"", b"3", b"null"] {
+            let error = parse_bytes::<Body>(body).unwrap_err();
+            assert_eq!(error.status(), StatusCode::UNPROCESSABLE_ENTITY, "{body:?}");
+            assert_eq!(error.body().error.field.as_deref(), Some("body"));
+        }
     }
 
     #[test]
