@@ -218,7 +218,7 @@ async fn stopping_postgresql_in_the_middle_of_the_stream_loses_nothing() {
         })
         .await;
         let started = Instant::now();
-        servers::stop_postgres();
+        servers::stop_postgres().await;
         // Down until the sender has been refused for a while (about two seconds of retries).
         wait_for("twenty refused sends", DEADLINE, || async {
             (refused.load(Ordering::SeqCst) >= 20).then_some(())

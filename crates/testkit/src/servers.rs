@@ -4,7 +4,16 @@
 use std::process::Command;
 use std::time::Duration;
 
-fn run(program: &str, args: &[&str]) {
+/// Runs a control command on a blocking thread, so the test's other futures (a stream of
+/// requests, say) keep running meanwhile.
+async fn run(program: &'static str, args: &[&str]) {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || run_blocking(program, &args))
+        .await
+        .expect("the control command's thread");
+}
+
+fn run_blocking(program: &str, args: &[String]) {
     let output = Command::new(program)
         .args(args)
         .output()
@@ -28,7 +37,7 @@ fn postgres_version() -> String {
 }
 
 /// Stops the local PostgreSQL (fast shutdown: connections are cut).
-pub fn stop_postgres() {
+pub async fn stop_postgres() {
     run(
         "pg_ctlcluster",
         &[
@@ -39,7 +48,8 @@ pub fn stop_postgres() {
             "-m",
             "fast",
         ],
-    );
+    )
+    .await;
 }
 
 /// Starts the local PostgreSQL and waits until it accepts connections.
@@ -52,7 +62,8 @@ pub async fn start_postgres() {
             "main",
             "start",
         ],
-    );
+    )
+    .await;
     crate::wait_until(
         "PostgreSQL to accept connections",
         Duration::from_secs(60),
@@ -68,9 +79,9 @@ pub async fn start_postgres() {
 /// Restarts the RabbitMQ application (every connection drops; durable queues stay) and waits
 /// until it accepts connections again.
 pub async fn restart_rabbitmq() {
-    run("rabbitmqctl", &["stop_app"]);
-    run("rabbitmqctl", &["start_app"]);
-    run("rabbitmqctl", &["await_startup"]);
+    run("rabbitmqctl", &["stop_app"]).await;
+    run("rabbitmqctl", &["start_app"]).await;
+    run("rabbitmqctl", &["await_startup"]).await;
     crate::wait_until(
         "RabbitMQ to accept connections",
         Duration::from_secs(60),
