@@ -92,6 +92,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         readiness,
         common.shutdown_timeout,
         config.workers,
+        common.client_timeout,
     )?;
 
     let mut background = Background::new();

@@ -241,6 +241,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         readiness,
         Duration::from_secs(2),
         Some(1),
+        common.client_timeout,
     )?;
 
     let instance = format!("{}-{}", std::process::id(), Uuid::now_v7().simple());

@@ -10,6 +10,7 @@
 //! | `TOCSIN_RETRY_DELAYS` | `0s,1m,5m,30m,2h` |
 //! | `TOCSIN_DB_POOL_SIZE` | `16` |
 //! | `TOCSIN_SHUTDOWN_TIMEOUT` | `20s` |
+//! | `TOCSIN_CLIENT_TIMEOUT` | `10s` |
 //! | `TOCSIN_LOG_FORMAT` | `text` |
 //! | `RUST_LOG` | `info` |
 
@@ -66,6 +67,11 @@ pub struct CommonConfig {
     #[arg(long, env = "TOCSIN_SHUTDOWN_TIMEOUT", value_name = "TOCSIN_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = parse_duration_arg)]
     pub shutdown_timeout: Duration,
 
+    /// How long a client may take to send a request's head (line and headers) before the
+    /// connection is closed, so that slow clients (slowloris) cannot hold connections open.
+    #[arg(long, env = "TOCSIN_CLIENT_TIMEOUT", value_name = "TOCSIN_CLIENT_TIMEOUT", default_value = "10s", value_parser = parse_client_timeout)]
+    pub client_timeout: Duration,
+
     /// `text` or `json`.
     #[arg(
         long,
@@ -88,6 +94,7 @@ impl CommonConfig {
             retry_delays: RetrySchedule::default(),
             db_pool_size: 16,
             shutdown_timeout: Duration::from_secs(20),
+            client_timeout: Duration::from_secs(10),
             log_format: LogFormat::Text,
         }
     }
@@ -134,6 +141,16 @@ fn parse_prefix(text: &str) -> Result<String, String> {
 /// Parses `500ms`, `30s`, `5m`, `2h` for clap.
 pub fn parse_duration_arg(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| e.to_string())
+}
+
+/// Parses `TOCSIN_CLIENT_TIMEOUT`: a duration from 1 ms to 1 h (`0s` would turn the
+/// protection off).
+fn parse_client_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = parse_duration_arg(text)?;
+    if timeout.is_zero() || timeout > Duration::from_secs(3600) {
+        return Err("must be between 1ms and 1h".to_owned());
+    }
+    Ok(timeout)
 }
 
 /// Parses a binary's settings from flags and the environment. A missing or invalid setting
@@ -199,6 +216,22 @@ mod tests {
         assert_eq!(c.amqp_prefix, "tocsin");
         assert!(c.retry_delays.is_specification());
         assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.client_timeout, Duration::from_secs(10));
+        let new = CommonConfig::new(DEFAULT_DATABASE_URL, DEFAULT_AMQP_URL, "tocsin");
+        assert_eq!(new.client_timeout, c.client_timeout);
+    }
+
+    #[test]
+    fn client_timeout_must_be_positive_and_bounded() {
+        let cli = Cli::try_parse_from(["test", "--client-timeout", "750ms"]).unwrap();
+        assert_eq!(cli.common.client_timeout, Duration::from_millis(750));
+        for bad in ["0s", "2h", "ten"] {
+            let error = Cli::try_parse_from(["test", "--client-timeout", bad])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(error.contains("TOCSIN_CLIENT_TIMEOUT"), "{bad}: {error}");
+        }
     }
 
     #[test]

@@ -1,18 +1,23 @@
 //! Arbitrary bodies sent to the running endpoint never get a 5xx while the servers are healthy,
-//! and never get a 202 without an incident change behind it.
+//! and never get a 202 without an incident change behind it; hostile bodies each get their own
+//! 4xx (deep nesting, invalid UTF-8, numbers out of range, huge strings, header injection), and
+//! the service answers normally afterwards.
+//!
+//! `PROPTEST_CASES` sets the number of arbitrary bodies (default 500) and `TOCSIN_FUZZ_TIME`
+//! bounds the run (default 60 s); see `tocsin_testkit::fuzz`.
 
 use std::time::Duration;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use proptest::prelude::*;
-use proptest::strategy::ValueTree;
-use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use serde_json::{json, Value};
 use tocsin_domain::config::CommonConfig;
 use tocsin_domain::db::tokens;
 use tocsin_ingest::Config;
+use tocsin_testkit::fuzz::{self, Budget};
 use tocsin_testkit::{amqp_url, TestDb, TestPrefix};
 
+/// The fields the four parsers read.
 const FIELDS: &[&str] = &[
     "title",
     "status",
@@ -43,127 +48,229 @@ const FIELDS: &[&str] = &[
     "custom_details",
 ];
 
-fn json_value() -> impl Strategy<Value = Value> {
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::from),
-        any::<i64>().prop_map(Value::from),
-        any::<f64>()
-            .prop_filter("finite", |f| f.is_finite())
-            .prop_map(Value::from),
-        prop_oneof![
-            "[a-zA-Z0-9 _:./-]{0,40}".boxed(),
-            Just("firing".to_owned()).boxed(),
-            Just("resolved".to_owned()).boxed(),
-            Just("trigger".to_owned()).boxed(),
-            Just("critical".to_owned()).boxed(),
-            Just("4".to_owned()).boxed(),
-            ".{0,20}".boxed(),
-        ]
-        .prop_map(Value::from),
-    ];
-    leaf.prop_recursive(4, 48, 8, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::from),
-            prop::collection::vec((prop::sample::select(FIELDS), inner), 0..8).prop_map(|pairs| {
-                Value::Object(pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
-            }),
-        ]
-    })
-}
+/// Values the parsers give meaning to.
+const WORDS: &[&str] = &[
+    "firing",
+    "resolved",
+    "trigger",
+    "acknowledge",
+    "resolve",
+    "alerting",
+    "ok",
+    "critical",
+    "warning",
+    "SEV1",
+    "4",
+    "1",
+];
 
-fn body() -> impl Strategy<Value = Vec<u8>> {
-    prop_oneof![
-        json_value().prop_map(|v| serde_json::to_vec(&v).unwrap()),
-        prop::collection::vec(any::<u8>(), 0..200),
-        // Deep nesting past serde_json's recursion limit.
-        (100usize..300)
-            .prop_map(|depth| format!("{}{}", "[".repeat(depth), "]".repeat(depth)).into_bytes()),
-        Just(
-            json!({"title": "x".repeat(600), "dedup_key": "\u{0000}k"})
-                .to_string()
-                .into_bytes()
-        ),
-    ]
-}
+const FORMATS: [&str; 4] = ["alertmanager", "grafana", "pagerduty", "generic"];
 
-#[tokio::test]
-async fn arbitrary_bodies_never_get_a_server_error() {
-    let db = TestDb::new().await;
-    let prefix = TestPrefix::new();
-    let mut common = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix);
-    common.shutdown_timeout = Duration::from_secs(3);
-    let app = tocsin_ingest::build(Config::for_tests(common))
-        .await
-        .unwrap();
-    let url = format!("http://127.0.0.1:{}/api/v1/webhooks/alerts", app.port());
-    let stop = app.stop_token();
-    let running = tokio::spawn(app.run_until_stopped());
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    let token = tokens::create(&mut conn, "fuzz")
-        .await
-        .unwrap()
-        .1
-        .expose()
-        .to_owned();
-    let client = reqwest::Client::new();
-
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases: 300,
-        ..ProptestConfig::default()
-    });
-    let strategy = (
-        body(),
-        prop::option::of(prop::sample::select(vec![
-            "alertmanager",
-            "grafana",
-            "pagerduty",
-            "generic",
-        ])),
+/// The sample bodies of every format, as each tool sends them.
+fn fixtures() -> Vec<Value> {
+    let dir = format!(
+        "{}/../domain/tests/fixtures/alerts",
+        env!("CARGO_MANIFEST_DIR")
     );
-    let mut cases = Vec::new();
-    for _ in 0..300 {
-        let tree = strategy.new_tree(&mut runner).unwrap();
-        cases.push(tree.current());
+    let mut fixtures: Vec<Value> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
+        .flatten()
+        .filter(|entry| entry.path().extension().is_some_and(|e| e == "json"))
+        .map(|entry| serde_json::from_slice(&std::fs::read(entry.path()).unwrap()).unwrap())
+        .collect();
+    fixtures.sort_by_key(Value::to_string);
+    assert!(fixtures.len() >= 4, "the fixtures of every format");
+    fixtures
+}
+
+struct TestIngest {
+    _db: TestDb,
+    _prefix: TestPrefix,
+    url: String,
+    token: String,
+    client: reqwest::Client,
+    stop: tokio_util::sync::CancellationToken,
+    running: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl TestIngest {
+    async fn start() -> TestIngest {
+        let db = TestDb::new().await;
+        let prefix = TestPrefix::new();
+        let mut common = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix);
+        common.shutdown_timeout = Duration::from_secs(3);
+        let app = tocsin_ingest::build(Config::for_tests(common))
+            .await
+            .unwrap();
+        let url = format!("http://127.0.0.1:{}/api/v1/webhooks/alerts", app.port());
+        let stop = app.stop_token();
+        let running = tokio::spawn(app.run_until_stopped());
+        let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+        let token = tokens::create(&mut conn, "fuzz")
+            .await
+            .unwrap()
+            .1
+            .expose()
+            .to_owned();
+        TestIngest {
+            _db: db,
+            _prefix: prefix,
+            url,
+            token,
+            client: reqwest::Client::new(),
+            stop,
+            running,
+        }
     }
-    let mut statuses = std::collections::BTreeMap::new();
-    for (body, format) in cases {
+
+    /// Posts `body` as JSON, with `?format=` when given; returns the status and JSON answer.
+    async fn post(&self, body: Vec<u8>, format: Option<&str>) -> (u16, Value) {
         let target = match format {
-            Some(format) => format!("{url}?format={format}"),
-            None => url.clone(),
+            Some(format) => format!("{}?format={format}", self.url),
+            None => self.url.clone(),
         };
-        let response = client
+        let response = self
+            .client
             .post(target)
-            .bearer_auth(&token)
+            .bearer_auth(&self.token)
             .header("content-type", "application/json")
-            .body(body.clone())
+            .body(body)
             .send()
             .await
             .unwrap();
         let status = response.status().as_u16();
-        *statuses.entry(status).or_insert(0) += 1;
-        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.running.await.unwrap().unwrap();
+    }
+}
+
+/// A 4xx answer carries the common error shape; a 2xx is a 202 naming its incidents.
+fn check_answer(status: u16, answer: &Value, what: &dyn std::fmt::Display) {
+    assert!(status < 500, "{status} for {what}: {answer}");
+    if status >= 400 {
         assert!(
-            status < 500,
-            "{status} for {:?}: {answer}",
-            String::from_utf8_lossy(&body)
+            answer["error"]["code"].is_string(),
+            "common error shape for {status} ({what}): {answer}"
         );
-        if status >= 400 {
-            assert!(
-                answer["error"]["code"].is_string(),
-                "common error shape for {status}: {answer}"
-            );
-        } else {
-            assert_eq!(status, 202);
-            assert!(
-                answer["incidents"]
-                    .as_array()
-                    .is_some_and(|a| !a.is_empty()),
-                "{answer}"
-            );
+    } else {
+        assert_eq!(status, 202, "{what}: {answer}");
+        assert!(
+            answer["incidents"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty()),
+            "{what}: {answer}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn arbitrary_bodies_never_get_a_server_error() {
+    let ingest = TestIngest::start().await;
+    let strategy = (
+        prop_oneof![
+            2 => fuzz::body(FIELDS, WORDS),
+            1 => prop::sample::select(fixtures())
+                .prop_flat_map(|fixture| fuzz::mutated(fixture, FIELDS, WORDS))
+                .prop_map(|value| serde_json::to_vec(&value).unwrap()),
+        ],
+        prop::option::of(prop::sample::select(FORMATS.to_vec())),
+    );
+    let mut samples = Budget::from_env(500).samples(strategy);
+    let mut statuses = std::collections::BTreeMap::new();
+    for (body, format) in samples.by_ref() {
+        let shown = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+        let (status, answer) = ingest.post(body, format).await;
+        *statuses.entry(status).or_insert(0) += 1;
+        check_answer(status, &answer, &format!("{format:?} {shown:?}"));
+    }
+    eprintln!("{}; statuses: {statuses:?}", samples.summary());
+    // Still serving.
+    let (status, answer) = ingest
+        .post(
+            br#"{"title":"after the fuzz","dedup_key":"after"}"#.to_vec(),
+            None,
+        )
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    ingest.stop().await;
+}
+
+#[tokio::test]
+async fn hostile_bodies_each_get_their_4xx() {
+    let ingest = TestIngest::start().await;
+    for (what, body) in fuzz::syntax_errors("title") {
+        for format in std::iter::once(None).chain(FORMATS.into_iter().map(Some)) {
+            let (status, answer) = ingest.post(body.clone(), format).await;
+            check_answer(status, &answer, &format!("{what}, {format:?}"));
+            assert_eq!(status, 400, "{what}, {format:?}: {answer}");
+            assert_eq!(answer["error"]["code"], "bad_request", "{what}: {answer}");
         }
     }
-    eprintln!("statuses over 300 arbitrary bodies: {statuses:?}");
-    stop.cancel();
-    running.await.unwrap().unwrap();
+
+    // Numbers in range for JSON but not for the field, and strings where numbers go.
+    for number in fuzz::OUT_OF_RANGE_NUMBERS
+        .iter()
+        .filter(|n| !n.contains("e4"))
+    {
+        let body = format!(r#"{{"title":{number},"dedup_key":"n"}}"#).into_bytes();
+        let (status, answer) = ingest.post(body, None).await;
+        check_answer(status, &answer, number);
+        assert_eq!(status, 422, "title {number}: {answer}");
+        assert_eq!(answer["error"]["field"], "title", "{answer}");
+    }
+
+    // A body over the limit: 413 before it is parsed.
+    let huge = json!({"title": "x".repeat(600 * 1024)})
+        .to_string()
+        .into_bytes();
+    let (status, answer) = ingest.post(huge, None).await;
+    check_answer(status, &answer, &"600 KiB");
+    assert_eq!(status, 413, "{answer}");
+
+    // Huge strings within the limit: text is cut to its bound and accepted; a key past its
+    // bound is refused naming it.
+    let long = json!({
+        "title": "t".repeat(200_000),
+        "dedup_key": "k",
+        "description": "d".repeat(150_000),
+        "source": "s".repeat(10_000),
+    });
+    let (status, answer) = ingest.post(long.to_string().into_bytes(), None).await;
+    check_answer(status, &answer, &"huge strings");
+    assert_eq!(status, 202, "{answer}");
+    let long = json!({"title": "t", "dedup_key": "k".repeat(400_000)});
+    let (status, answer) = ingest.post(long.to_string().into_bytes(), None).await;
+    check_answer(status, &answer, &"a huge key");
+    assert_eq!(
+        (status, &answer["error"]["field"]),
+        (422, &json!("dedup_key"))
+    );
+    let long = json!({"event_action": "trigger", "routing_key": "r", "dedup_key": "k".repeat(400_000),
+        "payload": {"summary": "s", "source": "x", "severity": "critical"}});
+    let (status, answer) = ingest.post(long.to_string().into_bytes(), None).await;
+    check_answer(status, &answer, &"a huge PagerDuty key");
+
+    // Header injection and control characters in every text field are stored without their
+    // control characters in titles (the title is what is sent out), never refused with a 5xx.
+    for nasty in fuzz::NASTY_STRINGS {
+        let body = json!({"title": format!("t {nasty}"), "dedup_key": format!("k {nasty}"),
+            "source": nasty, "description": nasty});
+        let (status, answer) = ingest.post(body.to_string().into_bytes(), None).await;
+        check_answer(status, &answer, &format!("{nasty:?}"));
+    }
+    let (status, answer) = ingest
+        .post(br#"{"title":"\r\n"}"#.to_vec(), Some("generic"))
+        .await;
+    assert_eq!(status, 422, "a title of control characters only: {answer}");
+
+    // Still serving.
+    let (status, answer) = ingest
+        .post(br#"{"title":"after","dedup_key":"after"}"#.to_vec(), None)
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    ingest.stop().await;
 }

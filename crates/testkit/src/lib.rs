@@ -1,7 +1,8 @@
 //! Test kit for Tocsin's integration tests: each test gets its own PostgreSQL database (cloned
 //! from a migrated template) and its own AMQP prefix (its queues removed afterwards), real HTTP
 //! receivers on loopback that record requests and answer as told, a TCP proxy that can cut a
-//! test's connections to PostgreSQL or RabbitMQ, and waiting on conditions with a deadline.
+//! test's connections to PostgreSQL or RabbitMQ, waiting on conditions with a deadline, the
+//! service binaries as processes, and the strategies the fuzz tests share ([`fuzz`]).
 //!
 //! Settings: `TOCSIN_TEST_DATABASE_URL` (a server URL without database, default
 //! `postgres://postgres@127.0.0.1:5432`), `TOCSIN_TEST_AMQP_URL` (default
@@ -10,6 +11,7 @@
 
 mod broker;
 mod database;
+pub mod fuzz;
 mod process;
 mod proxy;
 mod receiver;
@@ -18,7 +20,7 @@ mod wait;
 
 pub use broker::{amqp_url, management_api, TestPrefix};
 pub use database::{database_server_url, TestDb};
-pub use process::{free_port, ServiceProcess};
+pub use process::{binary, free_port, wait_ready, ServiceProcess};
 pub use proxy::TcpProxy;
 pub use receiver::{Behavior, Received, Receiver};
 pub use wait::{wait_for, wait_until};

@@ -11,6 +11,39 @@ pub fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// The path of a workspace binary (`tocsin-ingest`, ...) built beside the running test, in
+/// `target/<profile>/`. Cargo builds every workspace binary when it builds the whole workspace
+/// (`cargo nextest run --workspace`); with `-p`, build them first (`cargo build --bins`).
+pub fn binary(name: &str) -> String {
+    let exe = std::env::current_exe().expect("the test's path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo build --bins` first, or the tests with `cargo nextest run --workspace`",
+        path.display()
+    );
+    path.display().to_string()
+}
+
+/// Waits until the service on `port` answers `GET /readyz` with 200 (PostgreSQL and RabbitMQ
+/// reachable), up to `deadline`.
+pub async fn wait_ready(port: u16, deadline: Duration) {
+    crate::wait_until(
+        &format!("the service on port {port} to be ready"),
+        deadline,
+        || async move {
+            reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        },
+    )
+    .await;
+}
+
 /// A running service binary; killed when dropped.
 pub struct ServiceProcess {
     child: Child,

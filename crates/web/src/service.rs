@@ -149,8 +149,8 @@ async fn shutdown_signal() -> &'static str {
 /// `/readyz` and `/metrics` are served beside the routes `routes` adds, and unknown routes get
 /// the common 404. Signals are the service's to handle (graceful stop), in-flight requests get
 /// `shutdown_timeout` to finish, slow clients are cut off (a request's head must arrive within
-/// 10 s, so slowloris clients cannot hold workers), and `workers` threads serve (one per CPU
-/// when `None`).
+/// `client_timeout`, `TOCSIN_CLIENT_TIMEOUT`, so slowloris clients cannot hold connections),
+/// and `workers` threads serve (one per CPU when `None`).
 pub fn serve<R>(
     listener: std::net::TcpListener,
     routes: R,
@@ -158,6 +158,7 @@ pub fn serve<R>(
     readiness: crate::Readiness,
     shutdown_timeout: Duration,
     workers: Option<usize>,
+    client_timeout: Duration,
 ) -> std::io::Result<actix_web::dev::Server>
 where
     R: Fn(&mut actix_web::web::ServiceConfig) + Send + Clone + 'static,
@@ -172,7 +173,7 @@ where
     })
     .disable_signals()
     .shutdown_timeout(shutdown_timeout.as_secs())
-    .client_request_timeout(Duration::from_secs(10))
+    .client_request_timeout(client_timeout)
     .client_disconnect_timeout(Duration::from_secs(2));
     if let Some(workers) = workers {
         server = server.workers(workers.max(1));

@@ -695,8 +695,89 @@ mod tests {
         Ok(())
     }
 
+    /// Cases per property: `PROPTEST_CASES` when set (as proptest reads it), else 512.
+    fn cases() -> u32 {
+        std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(512)
+    }
+
+    #[test]
+    fn hostile_bodies_are_refused_by_every_parser() {
+        let nested = |open: &str, close: &str, depth: usize| {
+            format!("{}{}", open.repeat(depth), close.repeat(depth)).into_bytes()
+        };
+        let syntax: Vec<Vec<u8>> = vec![
+            nested("[", "]", 10_000),
+            nested(r#"{"alerts":"#, "}", 10_000),
+            nested(r#"{"payload":"#, "}", 10_000),
+            "[".repeat(100_000).into_bytes(),
+            b"{\"title\":\"\xff\xfe\"}".to_vec(),
+            br#"{"title":"\ud800"}"#.to_vec(),
+            br#"{"title":"t","orgId":1e400}"#.to_vec(),
+            br#"{"title":"t","severity":-1e400}"#.to_vec(),
+            b"\xef\xbb\xbf{}".to_vec(),
+        ];
+        for body in &syntax {
+            let formats = std::iter::once(None).chain(AlertFormat::ALL.into_iter().map(Some));
+            for format in formats {
+                assert!(
+                    matches!(parse(body, format), Err(AlertError::Syntax(_))),
+                    "{format:?}: {:?}",
+                    String::from_utf8_lossy(&body[..body.len().min(40)])
+                );
+            }
+        }
+        // Numbers JSON can hold but no field takes: refused naming the field, or ignored.
+        for number in [
+            "18446744073709551616",
+            "-9223372036854775809",
+            "1e308",
+            "-0",
+            "1.5",
+        ] {
+            let bodies = [
+                (
+                    format!(r#"{{"title":{number}}}"#),
+                    AlertFormat::Generic,
+                    "title",
+                ),
+                (
+                    format!(r#"{{"event_action":"trigger","payload":{{"summary":{number}}}}}"#),
+                    AlertFormat::PagerDuty,
+                    "payload.summary",
+                ),
+                (
+                    format!(
+                        r#"{{"receiver":"r","status":"firing","groupKey":"g","alerts":[{{"status":"firing","labels":{{"alertname":{number}}}}}]}}"#
+                    ),
+                    AlertFormat::Alertmanager,
+                    "alerts[0].labels.alertname",
+                ),
+            ];
+            for (body, format, field) in bodies {
+                match parse(body.as_bytes(), Some(format)) {
+                    Err(AlertError::Invalid { field: refused, .. }) => {
+                        assert_eq!(refused, field, "{body}")
+                    }
+                    other => panic!("{body}: {other:?}"),
+                }
+            }
+            // Grafana's `orgId` must be an integer (of any size `i64` holds).
+            let (grafana, _) = FIXTURES[2];
+            let grafana = grafana.replacen(r#""orgId": 1"#, &format!(r#""orgId": {number}"#), 1);
+            match parse(grafana.as_bytes(), None) {
+                Ok(parsed) => assert_eq!(parsed.format, AlertFormat::Grafana),
+                Err(AlertError::Invalid { field, .. }) => assert_eq!(field, "orgId", "{number}"),
+                Err(error) => panic!("{number}: {error:?}"),
+            }
+        }
+    }
+
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
 
         #[test]
         fn arbitrary_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..512)) {
