@@ -94,6 +94,14 @@ impl DispatcherMetrics {
         registry.register(Box::new(deliveries_finished.clone()))?;
         registry.register(Box::new(parked.clone()))?;
         registry.register(Box::new(swept.clone()))?;
+        // Export these series at 0 from the start, so that dashboards and `increase()` in the
+        // alert rules see the first occurrence (a series that appears at 1 shows no increase).
+        for state in ["succeeded", "failed"] {
+            deliveries_finished.with_label_values(&[state]);
+        }
+        for queue in ["fanout", "deliveries"] {
+            parked.with_label_values(&[queue]);
+        }
         Ok(DispatcherMetrics {
             attempts,
             attempt_duration,
