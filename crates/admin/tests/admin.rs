@@ -235,7 +235,7 @@ async fn seed_delivery(
         },
     };
     let event = NewEvent::new(&payload, None);
-    outbox::record_events(conn, std::slice::from_ref(&event))
+    outbox::record_events(conn, std::slice::from_ref(&event), outbox::Wake::Listeners)
         .await
         .unwrap();
     let ids = deliveries::create_for_event(conn, event.id, kind, incident_id, &[webhook_id])
@@ -1158,9 +1158,13 @@ async fn bulk_recovery_retries_the_failed_deliveries_since_a_time() {
 async fn incident_status_changes_follow_the_rules_and_emit_events() {
     let admin = TestAdmin::start().await;
     let mut conn = admin.conn().await;
-    let opened = incidents::apply_signals(&mut conn, &[signal("a"), signal("b")])
-        .await
-        .unwrap();
+    let opened = incidents::apply_signals(
+        &mut conn,
+        &[signal("a"), signal("b")],
+        outbox::Wake::Listeners,
+    )
+    .await
+    .unwrap();
     let id = opened[0].incident.as_ref().unwrap().id;
     let other = opened[1].incident.as_ref().unwrap().id;
     let events_before = admin.count("events").await;

@@ -222,7 +222,7 @@ async fn seed_delivery(conn: &mut AsyncPgConnection, webhook_id: Uuid, success: 
         },
     };
     let event = NewEvent::new(&payload, None);
-    outbox::record_events(conn, std::slice::from_ref(&event))
+    outbox::record_events(conn, std::slice::from_ref(&event), outbox::Wake::Listeners)
         .await
         .unwrap();
     let id = deliveries::create_for_event(
@@ -268,7 +268,9 @@ async fn seed_incident(conn: &mut AsyncPgConnection) -> Uuid {
         source: Some("test".into()),
         reply_key: None,
     };
-    let outcomes = incidents::apply_signals(conn, &[signal]).await.unwrap();
+    let outcomes = incidents::apply_signals(conn, &[signal], outbox::Wake::Listeners)
+        .await
+        .unwrap();
     outcomes[0].incident.as_ref().unwrap().id
 }
 

@@ -13,12 +13,13 @@ use time::OffsetDateTime;
 use tocsin_domain::amqp::messages::{DeliveryMessage, Trigger, ATTEMPT_HEADER, TRIGGER_HEADER};
 use tocsin_domain::amqp::{header_int, header_str};
 use tocsin_domain::db::deliveries::{
-    self, next_state, AttemptError, DeliveryJob, DeliveryState, NewAttempt,
+    self, next_state, AttemptError, AttemptRecord, DeliveryJob, DeliveryState, NewAttempt,
 };
+use tocsin_domain::db::{self, DbError};
 use tocsin_domain::signing::{self, headers};
 
 use crate::ssrf::{Blocked, DnsFailure};
-use crate::startup::{with_db, Context, Outcome};
+use crate::startup::{retry_db, with_db, Context, Outcome};
 
 pub(crate) async fn handle_delivery(ctx: Arc<Context>, message: Delivery) {
     let trigger = header_str(&message.properties, TRIGGER_HEADER)
@@ -41,7 +42,13 @@ async fn process(
     requested: i32,
 ) -> Outcome {
     let id = message.delivery_id;
-    let job = match with_db!(ctx, |conn| deliveries::load_job(conn, id)) {
+    let loaded = retry_db!(
+        ctx,
+        db::submit(&ctx.jobs, id)
+            .await
+            .and_then(|job| job.ok_or(DbError::NotFound))
+    );
+    let job = match loaded {
         Ok(job) => job,
         Err(Outcome::Park(reason)) => return Outcome::Park(format!("delivery {id}: {reason}")),
         Err(outcome) => return outcome,
@@ -68,11 +75,16 @@ async fn process(
         };
     }
 
+    let Some(slot) = ctx.slots.try_take(job.webhook.id) else {
+        tracing::debug!(delivery_id = %id, webhook_id = %job.webhook.id, "webhook at its in-flight limit; attempt deferred");
+        return Outcome::Defer;
+    };
     let auto_after = delivery.auto_attempts + i32::from(trigger == Trigger::Automatic);
     let first = delivery.attempt_count == 0;
     ctx.metrics.in_flight.inc();
     let attempt = attempt(ctx, &job, trigger, delivery.attempt_count + 1).await;
     ctx.metrics.in_flight.dec();
+    drop(slot);
     if first {
         let lag = (attempt.started_at - job.occurred_at)
             .as_seconds_f64()
@@ -106,9 +118,14 @@ async fn process(
         OffsetDateTime::now_utc(),
     );
     let expected = (trigger == Trigger::Automatic).then_some(delivery.auto_attempts);
-    let recorded = with_db!(ctx, |conn| {
-        deliveries::record_attempt(conn, id, expected, &attempt, state, next_attempt_at)
-    });
+    let record = AttemptRecord {
+        delivery_id: id,
+        expected_auto_attempts: expected,
+        attempt,
+        state,
+        next_attempt_at,
+    };
+    let recorded = retry_db!(ctx, db::submit(&ctx.attempt_log, record.clone()).await);
     match recorded {
         Ok(Some(_)) => {}
         // Another worker logged this attempt meanwhile (a duplicate message): nothing to add.

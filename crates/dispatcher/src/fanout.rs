@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use lapin::message::Delivery;
 use tocsin_domain::amqp::messages::EventMessage;
-use tocsin_domain::db::{deliveries, webhooks, DbError};
-use uuid::Uuid;
+use tocsin_domain::db;
+use tocsin_domain::db::deliveries::{FanOut, FannedOut};
 
-use crate::startup::{with_db, Context, Outcome};
+use crate::startup::{retry_db, Context, Outcome};
 
 pub(crate) async fn handle_event(ctx: Arc<Context>, message: Delivery) {
     let outcome = match EventMessage::from_bytes(&message.data) {
@@ -19,35 +19,18 @@ pub(crate) async fn handle_event(ctx: Arc<Context>, message: Delivery) {
 }
 
 async fn fan_out(ctx: &Context, event: &EventMessage, redelivered: bool) -> Outcome {
-    let created = with_db!(ctx, |conn| async {
-        let targets: Vec<Uuid> = match event.test_webhook_id {
-            Some(id) => match webhooks::get(conn, id).await {
-                Ok(webhook) => vec![webhook.id],
-                Err(DbError::NotFound) => Vec::new(),
-                Err(error) => return Err(error),
-            },
-            None => webhooks::subscribed_to(conn, event.event).await?,
-        };
-        let created = deliveries::create_for_event(
-            conn,
-            event.event_id,
-            event.event,
-            event.incident_id,
-            &targets,
-        )
-        .await?;
-        if redelivered {
-            // The previous try may have committed its deliveries and died before enqueueing
-            // them: enqueue every one still waiting for its first attempt.
-            return Ok((
-                created.len(),
-                deliveries::waiting_for_first_attempt(conn, event.event_id).await?,
-            ));
-        }
-        Ok((created.len(), created))
-    });
-    let (created, to_enqueue) = match created {
-        Ok(ids) => ids,
+    let request = FanOut {
+        event_id: event.event_id,
+        kind: event.event,
+        incident_id: event.incident_id,
+        test_webhook_id: event.test_webhook_id,
+        redelivered,
+    };
+    let FannedOut {
+        created,
+        to_enqueue,
+    } = match retry_db!(ctx, db::submit(&ctx.fanouts, request.clone()).await) {
+        Ok(fanned) => fanned,
         Err(outcome) => return outcome,
     };
     let messages: Vec<_> = to_enqueue

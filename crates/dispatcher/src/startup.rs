@@ -15,7 +15,8 @@ use tocsin_domain::amqp::messages::{
 };
 use tocsin_domain::amqp::topology::DELIVERY_ROUTING_KEY;
 use tocsin_domain::amqp::{run_consumer, string_header, Broker, ConsumerOptions, Outgoing};
-use tocsin_domain::db::{self, DbError, DbPool};
+use tocsin_domain::db::deliveries::{self, AttemptRecord, FanOut, FannedOut};
+use tocsin_domain::db::{self, DbBatcher, DbError, DbPool};
 use tocsin_domain::RetrySchedule;
 use tocsin_web::{Background, HttpMetrics, Readiness, Service};
 use tokio_util::sync::CancellationToken;
@@ -23,24 +24,19 @@ use uuid::Uuid;
 
 use crate::config::Config;
 use crate::metrics::DispatcherMetrics;
+use crate::slots::WebhookSlots;
 use crate::ssrf::{GuardedResolver, TargetPolicy};
 
 /// The running dispatcher.
 pub type App = Service;
 
-/// Runs `$body` (an async block using `$conn: &mut AsyncPgConnection`) on a pooled connection,
-/// waiting out transient database failures; evaluates to `Result<T, Outcome>`.
-macro_rules! with_db {
-    ($ctx:expr, |$conn:ident| $body:expr) => {{
+/// Evaluates `$attempt` (a `Result<T, DbError>` expression) until it succeeds, waiting out
+/// transient database failures; evaluates to `Result<T, Outcome>`.
+macro_rules! retry_db {
+    ($ctx:expr, $attempt:expr) => {{
         let mut backoff = std::time::Duration::from_millis(100);
         loop {
-            let result = match $ctx.pool.get().await {
-                Ok(mut guard) => {
-                    let $conn: &mut diesel_async::AsyncPgConnection = &mut guard;
-                    $body.await
-                }
-                Err(error) => Err(tocsin_domain::db::DbError::from(error)),
-            };
+            let result = $attempt;
             match $ctx.judge(result, &mut backoff).await {
                 Ok(value) => break Ok(value),
                 Err(Some(outcome)) => break Err(outcome),
@@ -49,6 +45,24 @@ macro_rules! with_db {
         }
     }};
 }
+pub(crate) use retry_db;
+
+/// Runs `$body` (an async block using `$conn: &mut AsyncPgConnection`) on a pooled connection,
+/// waiting out transient database failures; evaluates to `Result<T, Outcome>`.
+macro_rules! with_db {
+    ($ctx:expr, |$conn:ident| $body:expr) => {
+        $crate::startup::retry_db!(
+            $ctx,
+            match $ctx.pool.get().await {
+                Ok(mut guard) => {
+                    let $conn: &mut diesel_async::AsyncPgConnection = &mut guard;
+                    $body.await
+                }
+                Err(error) => Err(tocsin_domain::db::DbError::from(error)),
+            }
+        )
+    };
+}
 pub(crate) use with_db;
 
 /// What a handler decided about its message.
@@ -56,6 +70,9 @@ pub(crate) use with_db;
 pub(crate) enum Outcome {
     /// Processed: ack.
     Done,
+    /// Not attempted now (its webhook is at its in-flight limit): wait in the deferral queue,
+    /// then ack.
+    Defer,
     /// Cannot be processed: move to the parking queue with this reason, then ack.
     Park(String),
     /// Not processed now (stopping, or the broker refused a follow-up): return to the queue.
@@ -72,7 +89,20 @@ pub(crate) struct Context {
     pub metrics: DispatcherMetrics,
     pub response_limit: usize,
     pub cancel: CancellationToken,
+    /// Requests in flight per webhook.
+    pub slots: Arc<WebhookSlots>,
+    /// Fan-outs of events received concurrently, written in shared transactions.
+    pub fanouts: DbBatcher<FanOut, FannedOut>,
+    /// Deliveries received concurrently, loaded in shared queries.
+    pub jobs: DbBatcher<Uuid, Option<deliveries::DeliveryJob>>,
+    /// Attempts finished concurrently, logged in shared transactions.
+    pub attempt_log: DbBatcher<AttemptRecord, Option<deliveries::Delivery>>,
 }
+
+/// Largest batch of fan-outs or attempt rows written in one transaction.
+const MAX_BATCH: usize = 64;
+/// Transactions of each kind in flight at once (each holds a pooled connection meanwhile).
+const BATCH_WORKERS: usize = 2;
 
 impl Context {
     /// A message asking for automatic attempt `attempt` of a delivery, now.
@@ -127,6 +157,33 @@ impl Context {
     pub async fn finish(&self, message: Delivery, outcome: Outcome, queue: &'static str) {
         let acked = match outcome {
             Outcome::Done => message.ack(BasicAckOptions::default()).await.map(|_| ()),
+            Outcome::Defer => {
+                let deferred = self
+                    .broker
+                    .publish(Outgoing {
+                        exchange: String::new(),
+                        routing_key: self.broker.topology().deferred_queue(),
+                        body: message.data.clone(),
+                        headers: message.properties.headers().clone().unwrap_or_default(),
+                    })
+                    .await;
+                match deferred {
+                    Ok(()) => {
+                        self.metrics.deferred.inc();
+                        message.ack(BasicAckOptions::default()).await.map(|_| ())
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "could not defer; returning the message");
+                        message
+                            .nack(BasicNackOptions {
+                                requeue: true,
+                                ..BasicNackOptions::default()
+                            })
+                            .await
+                            .map(|_| ())
+                    }
+                }
+            }
             Outcome::Park(reason) => {
                 tracing::error!(queue, %reason, "parking a message that cannot be processed");
                 let mut headers = message.properties.headers().clone().unwrap_or_default();
@@ -225,6 +282,16 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         metrics: DispatcherMetrics::new(&registry)?,
         response_limit: config.response_body_limit,
         cancel: background.token(),
+        slots: WebhookSlots::new(usize::from(config.webhook_concurrency)),
+        fanouts: db::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, events| {
+            Box::pin(deliveries::fan_out(conn, events))
+        }),
+        jobs: db::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, ids| {
+            Box::pin(deliveries::load_jobs(conn, ids))
+        }),
+        attempt_log: db::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, records| {
+            Box::pin(deliveries::record_attempts(conn, records))
+        }),
     });
 
     let readiness = Readiness {

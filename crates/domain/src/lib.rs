@@ -5,6 +5,7 @@
 
 pub mod alerts;
 pub mod amqp;
+pub mod batch;
 pub mod config;
 pub mod db;
 mod event;

@@ -39,7 +39,7 @@ async fn open_incident(db: &TestDb, key: &str) {
         source: None,
         reply_key: None,
     };
-    incidents::apply_signals(&mut conn, &[signal])
+    incidents::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
         .await
         .unwrap();
 }

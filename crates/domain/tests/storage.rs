@@ -47,9 +47,13 @@ async fn an_incident_moves_through_its_lifecycle_with_its_events() {
     let db = TestDb::new().await;
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
 
-    let opened = incidents::apply_signals(&mut conn, &[signal("k1", AlertAction::Trigger)])
-        .await
-        .unwrap();
+    let opened = incidents::apply_signals(
+        &mut conn,
+        &[signal("k1", AlertAction::Trigger)],
+        outbox::Wake::Listeners,
+    )
+    .await
+    .unwrap();
     assert_eq!(opened[0].change, Change::Opened);
     let incident = opened[0].incident.clone().unwrap();
     assert_eq!(incident.status, IncidentStatus::Triggered);
@@ -60,15 +64,23 @@ async fn an_incident_moves_through_its_lifecycle_with_its_events() {
     assert_eq!(body["data"]["id"], incident.id.to_string());
     assert_eq!(body["data"]["status"], "triggered");
 
-    let repeated = incidents::apply_signals(&mut conn, &[signal("k1", AlertAction::Trigger)])
-        .await
-        .unwrap();
+    let repeated = incidents::apply_signals(
+        &mut conn,
+        &[signal("k1", AlertAction::Trigger)],
+        outbox::Wake::Listeners,
+    )
+    .await
+    .unwrap();
     assert_eq!(repeated[0].change, Change::Unchanged);
     assert!(repeated[0].events.is_empty());
 
-    let acked = incidents::apply_signals(&mut conn, &[signal("k1", AlertAction::Acknowledge)])
-        .await
-        .unwrap();
+    let acked = incidents::apply_signals(
+        &mut conn,
+        &[signal("k1", AlertAction::Acknowledge)],
+        outbox::Wake::Listeners,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         acked[0].change,
         Change::StatusChanged {
@@ -78,9 +90,13 @@ async fn an_incident_moves_through_its_lifecycle_with_its_events() {
     let kinds: Vec<EventKind> = acked[0].events.iter().map(|e| e.kind).collect();
     assert_eq!(kinds, [EventKind::IncidentStatusChanged]);
 
-    let resolved = incidents::apply_signals(&mut conn, &[signal("k1", AlertAction::Resolve)])
-        .await
-        .unwrap();
+    let resolved = incidents::apply_signals(
+        &mut conn,
+        &[signal("k1", AlertAction::Resolve)],
+        outbox::Wake::Listeners,
+    )
+    .await
+    .unwrap();
     let kinds: Vec<EventKind> = resolved[0].events.iter().map(|e| e.kind).collect();
     assert_eq!(
         kinds,
@@ -93,15 +109,23 @@ async fn an_incident_moves_through_its_lifecycle_with_its_events() {
     assert_eq!(changed["data"]["previous_status"], "acknowledged");
     assert_eq!(changed["data"]["status"], "resolved");
 
-    let nothing = incidents::apply_signals(&mut conn, &[signal("k1", AlertAction::Resolve)])
-        .await
-        .unwrap();
+    let nothing = incidents::apply_signals(
+        &mut conn,
+        &[signal("k1", AlertAction::Resolve)],
+        outbox::Wake::Listeners,
+    )
+    .await
+    .unwrap();
     assert_eq!(nothing[0].change, Change::NoOpenIncident);
 
     // Resolved is final: the same key opens a new incident.
-    let reopened = incidents::apply_signals(&mut conn, &[signal("k1", AlertAction::Trigger)])
-        .await
-        .unwrap();
+    let reopened = incidents::apply_signals(
+        &mut conn,
+        &[signal("k1", AlertAction::Trigger)],
+        outbox::Wake::Listeners,
+    )
+    .await
+    .unwrap();
     assert_eq!(reopened[0].change, Change::Opened);
     assert_ne!(reopened[0].incident.as_ref().unwrap().id, incident.id);
 
@@ -125,9 +149,13 @@ async fn fifty_concurrent_alerts_with_one_new_key_open_one_incident() {
         let pool = pool.clone();
         tokio::spawn(async move {
             let mut conn = pool.get().await.unwrap();
-            incidents::apply_signals(&mut conn, &[signal("race", AlertAction::Trigger)])
-                .await
-                .unwrap()
+            incidents::apply_signals(
+                &mut conn,
+                &[signal("race", AlertAction::Trigger)],
+                outbox::Wake::Listeners,
+            )
+            .await
+            .unwrap()
         })
     });
     let outcomes = futures::future::join_all(tasks).await;
@@ -161,6 +189,7 @@ async fn many_incidents_open_on_one_connection() {
         let outcome = incidents::apply_signals(
             &mut conn,
             &[signal(&format!("key-{i}"), AlertAction::Trigger)],
+            outbox::Wake::Listeners,
         )
         .await
         .unwrap_or_else(|e| panic!("incident {i}: {e}"));
@@ -182,7 +211,8 @@ async fn a_failed_transaction_leaves_no_row_behind() {
     // A key the database refuses (NUL bytes are not valid in PostgreSQL text).
     too_long.dedup_key = "bad\0key".into();
     let good = signal("good", AlertAction::Trigger);
-    let result = incidents::apply_signals(&mut conn, &[good, too_long]).await;
+    let result =
+        incidents::apply_signals(&mut conn, &[good, too_long], outbox::Wake::Listeners).await;
     assert!(result.is_err());
     let count: i64 = diesel::sql_query("SELECT count(*) AS n FROM incidents")
         .load::<Count>(&mut conn)
@@ -223,10 +253,13 @@ async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
     .unwrap();
     let mut delivery_ids = Vec::new();
     for i in 0..5 {
-        let outcome =
-            incidents::apply_signals(&mut conn, &[signal(&format!("r{i}"), AlertAction::Trigger)])
-                .await
-                .unwrap();
+        let outcome = incidents::apply_signals(
+            &mut conn,
+            &[signal(&format!("r{i}"), AlertAction::Trigger)],
+            outbox::Wake::Listeners,
+        )
+        .await
+        .unwrap();
         let event = &outcome[0].events[0];
         delivery_ids.extend(
             repo::create_for_event(
@@ -286,4 +319,163 @@ async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
     .await
     .unwrap();
     assert_eq!(again, retention::Pruned::default());
+}
+
+/// Attempts logged together (the dispatcher's batches) move each delivery as they would alone:
+/// a stale automatic attempt is refused, a manual one always counts, a delivery twice in one
+/// batch is logged by the copy that still matches, and answers come back in request order.
+#[tokio::test]
+async fn attempts_logged_in_one_batch_move_each_delivery_as_alone() {
+    use tocsin_domain::amqp::messages::Trigger;
+    use tocsin_domain::db::deliveries::{
+        self as repo, AttemptRecord, DeliveryState, FanOut, NewAttempt,
+    };
+    use tocsin_domain::db::webhooks::{self, NewWebhook};
+    use tocsin_domain::{RetrySettings, TargetUrl, WebhookName};
+
+    let db = TestDb::new().await;
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    // The one webhook every event fans out to.
+    webhooks::create(
+        &mut conn,
+        &NewWebhook {
+            name: WebhookName::parse("batch").unwrap(),
+            url: TargetUrl::parse("https://example.com/").unwrap(),
+            events: EventKind::ALL.into_iter().collect(),
+            retry: RetrySettings::default(),
+            enabled: true,
+        },
+    )
+    .await
+    .unwrap();
+    // Four events fanned out in one batch, one of them given twice.
+    let mut requests = Vec::new();
+    for i in 0..4 {
+        let outcome = incidents::apply_signals(
+            &mut conn,
+            &[signal(&format!("b{i}"), AlertAction::Trigger)],
+            outbox::Wake::Caller,
+        )
+        .await
+        .unwrap();
+        let event = &outcome[0].events[0];
+        requests.push(FanOut {
+            event_id: event.id,
+            kind: event.kind,
+            incident_id: event.incident_id,
+            test_webhook_id: None,
+            redelivered: false,
+        });
+    }
+    requests.push(requests[0].clone());
+    let fanned = repo::fan_out(&mut conn, &requests).await.unwrap();
+    assert_eq!(
+        fanned.iter().map(|f| f.created).collect::<Vec<_>>(),
+        [1, 1, 1, 1, 0],
+        "one delivery per event; the second copy creates none"
+    );
+    assert!(fanned[4].to_enqueue.is_empty());
+    let ids: Vec<uuid::Uuid> = fanned[..4].iter().map(|f| f.to_enqueue[0]).collect();
+
+    let attempt = |trigger: Trigger, success: bool| NewAttempt {
+        trigger,
+        started_at: time::OffsetDateTime::now_utc(),
+        success,
+        status_code: Some(if success { 200 } else { 500 }),
+        duration_ms: 3,
+        error: None,
+        error_detail: None,
+        request_headers: serde_json::json!({"webhook-id": "x"}),
+        response_body: None,
+        response_truncated: false,
+    };
+    let record = |id, expected, trigger, success, state| AttemptRecord {
+        delivery_id: id,
+        expected_auto_attempts: expected,
+        attempt: attempt(trigger, success),
+        state,
+        next_attempt_at: None,
+    };
+    let batch = [
+        record(
+            ids[3],
+            Some(0),
+            Trigger::Automatic,
+            true,
+            DeliveryState::Succeeded,
+        ),
+        record(
+            ids[0],
+            Some(0),
+            Trigger::Automatic,
+            false,
+            DeliveryState::Retrying,
+        ),
+        // Stale: this delivery has made no automatic attempt yet, not one.
+        record(
+            ids[1],
+            Some(1),
+            Trigger::Automatic,
+            true,
+            DeliveryState::Succeeded,
+        ),
+        record(ids[2], None, Trigger::Manual, true, DeliveryState::Pending),
+    ];
+    let answers = repo::record_attempts(&mut conn, &batch).await.unwrap();
+    let summary: Vec<Option<(uuid::Uuid, DeliveryState, i32, i32)>> = answers
+        .iter()
+        .map(|d| {
+            d.as_ref()
+                .map(|d| (d.id, d.state, d.attempt_count, d.auto_attempts))
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            Some((ids[3], DeliveryState::Succeeded, 1, 1)),
+            Some((ids[0], DeliveryState::Retrying, 1, 1)),
+            None,
+            Some((ids[2], DeliveryState::Pending, 1, 0)),
+        ]
+    );
+    // The same delivery twice: the first copy is logged, the second is stale.
+    let twice = [
+        record(
+            ids[0],
+            Some(1),
+            Trigger::Automatic,
+            false,
+            DeliveryState::Retrying,
+        ),
+        record(
+            ids[0],
+            Some(1),
+            Trigger::Automatic,
+            true,
+            DeliveryState::Succeeded,
+        ),
+    ];
+    let answers = repo::record_attempts(&mut conn, &twice).await.unwrap();
+    assert_eq!(answers[0].as_ref().map(|d| d.auto_attempts), Some(2));
+    assert!(answers[1].is_none());
+    // Every logged attempt has its row, numbered in order; the refused ones have none.
+    let numbers: Vec<(uuid::Uuid, i32)> =
+        diesel::sql_query("SELECT delivery_id, number FROM attempts ORDER BY delivery_id, number")
+            .load::<AttemptNumber>(&mut conn)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|row| (row.delivery_id, row.number))
+            .collect();
+    let mut expected = vec![(ids[0], 1), (ids[0], 2), (ids[2], 1), (ids[3], 1)];
+    expected.sort();
+    assert_eq!(numbers, expected);
+}
+
+#[derive(diesel::QueryableByName)]
+struct AttemptNumber {
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    delivery_id: uuid::Uuid,
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    number: i32,
 }

@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
-use tocsin_domain::alerts::{self, AlertAction, AlertError, AlertFormat};
-use tocsin_domain::db::incidents::{self, Change, SignalOutcome};
-use tocsin_domain::db::{tokens, DbError, DbPool};
+use tocsin_domain::alerts::{self, AlertAction, AlertError, AlertFormat, AlertSignal};
+use tocsin_domain::db::incidents::{Change, SignalOutcome};
+use tocsin_domain::db::{self, DbBatcher, DbError};
 use tocsin_domain::{AccessToken, EventKind, IncidentStatus};
 use tocsin_web::auth::bearer_token;
 use tocsin_web::body::{read_limited, BodyError};
@@ -22,7 +22,10 @@ const RETRY_AFTER_UNAVAILABLE: u64 = 5;
 
 /// What the handler shares.
 pub struct IngestState {
-    pub pool: DbPool,
+    /// Tokens presented concurrently, checked in shared queries.
+    pub tokens: DbBatcher<AccessToken, Option<Uuid>>,
+    /// Alerts received concurrently, written in shared transactions.
+    pub alerts: DbBatcher<Vec<AlertSignal>, Vec<SignalOutcome>>,
     pub relay: Arc<Notify>,
     pub limiter: RateLimiter,
     pub metrics: IngestMetrics,
@@ -166,7 +169,7 @@ async fn handle(
     state: &IngestState,
     format_label: &mut &'static str,
 ) -> Result<HttpResponse, IngestError> {
-    let token_id = authenticate(req, &state.pool).await?;
+    let token_id = authenticate(req, state).await?;
     state
         .limiter
         .check(token_id)
@@ -190,8 +193,7 @@ async fn handle(
     let parsed = alerts::parse(&body, format)?;
     *format_label = parsed.format.as_str();
     let reply_key = parsed.signals.iter().find_map(|s| s.reply_key.clone());
-    let mut conn = state.pool.get().await.map_err(DbError::from)?;
-    let outcomes = incidents::apply_signals(&mut conn, &parsed.signals).await?;
+    let outcomes = db::submit(&state.alerts, parsed.signals).await?;
     if outcomes.iter().any(|o| !o.events.is_empty()) {
         state.relay.notify_one();
     }
@@ -204,12 +206,11 @@ async fn handle(
 }
 
 /// The id of the request's live token. Every refusal looks the same to the client.
-async fn authenticate(req: &HttpRequest, pool: &DbPool) -> Result<Uuid, IngestError> {
+async fn authenticate(req: &HttpRequest, state: &IngestState) -> Result<Uuid, IngestError> {
     let presented = bearer_token(req)
         .and_then(AccessToken::from_presented)
         .ok_or(IngestError::Unauthorized)?;
-    let mut conn = pool.get().await.map_err(DbError::from)?;
-    tokens::authenticate(&mut conn, &presented)
+    db::submit(&state.tokens, presented)
         .await?
         .ok_or(IngestError::Unauthorized)
 }

@@ -4,6 +4,8 @@ use actix_web::web;
 use anyhow::Context;
 use prometheus::Registry;
 use tocsin_domain::db;
+use tocsin_domain::db::outbox::Wake;
+use tocsin_domain::db::{incidents, tokens};
 use tocsin_domain::relay::OutboxRelay;
 use tocsin_web::{Background, HttpMetrics, Readiness, Service};
 
@@ -11,6 +13,11 @@ use crate::config::Config;
 use crate::metrics::IngestMetrics;
 use crate::rate_limit::RateLimiter;
 use crate::routes::{receive_alerts, IngestState};
+
+/// Most alerts written in one transaction.
+const MAX_BATCH: usize = 64;
+/// Alert transactions in flight at once (each holds a pooled connection meanwhile).
+const BATCH_WORKERS: usize = 4;
 
 /// The running ingest service.
 pub type App = Service;
@@ -34,7 +41,12 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         &registry,
     )?;
     let state = web::Data::new(IngestState {
-        pool: pool.clone(),
+        tokens: db::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, presented| {
+            Box::pin(tokens::authenticate_all(conn, presented))
+        }),
+        alerts: db::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, bodies| {
+            Box::pin(incidents::apply_alerts(conn, bodies, Wake::Caller))
+        }),
         relay: relay.waker(),
         limiter: RateLimiter::new(config.rate_limit, config.rate_burst),
         metrics: IngestMetrics::new(&registry)?,

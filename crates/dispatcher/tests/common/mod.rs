@@ -15,7 +15,7 @@ use tocsin_domain::db::deliveries::{
     self, Delivery, DeliveryDetail, DeliveryFilter, DeliveryState,
 };
 use tocsin_domain::db::webhooks::{self, NewWebhook, Webhook};
-use tocsin_domain::db::{incidents, Page};
+use tocsin_domain::db::{incidents, outbox, Page};
 use tocsin_domain::relay::OutboxRelay;
 use tocsin_domain::{EventKind, IncidentTitle, RetrySettings, Severity, TargetUrl, WebhookName};
 use tocsin_testkit::{amqp_url, wait_for, TestDb, TestPrefix};
@@ -132,7 +132,7 @@ impl Harness {
             source: None,
             reply_key: None,
         };
-        incidents::apply_signals(&mut conn, &[signal])
+        incidents::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
             .await
             .unwrap()[0]
             .incident

@@ -1,6 +1,7 @@
 //! Deliveries and their attempts: the delivery log of SPEC §2.3. PostgreSQL is the source of
 //! truth for each delivery's state, attempt count and next attempt time (DESIGN §2).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -105,7 +106,7 @@ impl AttemptError {
     }
 }
 
-#[derive(Debug, Clone, Queryable, Selectable)]
+#[derive(Debug, Clone, Queryable, QueryableByName, Selectable)]
 #[diesel(table_name = deliveries)]
 struct DeliveryRow {
     id: Uuid,
@@ -170,33 +171,133 @@ pub async fn create_for_event(
     incident_id: Uuid,
     webhook_ids: &[Uuid],
 ) -> Result<Vec<Uuid>, DbError> {
-    if webhook_ids.is_empty() {
-        return Ok(Vec::new());
-    }
+    let pairs: Vec<(Uuid, Uuid)> = webhook_ids.iter().map(|w| (event_id, *w)).collect();
+    let meta = HashMap::from([(event_id, (kind, incident_id))]);
+    Ok(insert_pending(conn, &pairs, &meta)
+        .await?
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect())
+}
+
+/// Rows per `INSERT`: PostgreSQL takes at most 65 535 bind parameters per statement.
+const INSERT_CHUNK: usize = 5_000;
+
+/// Inserts a pending delivery for each `(event id, webhook id)` pair not delivered yet; returns
+/// `(delivery id, event id)` of those created.
+async fn insert_pending(
+    conn: &mut AsyncPgConnection,
+    pairs: &[(Uuid, Uuid)],
+    meta: &HashMap<Uuid, (EventKind, Uuid)>,
+) -> Result<Vec<(Uuid, Uuid)>, DbError> {
     let now = OffsetDateTime::now_utc();
-    let rows: Vec<_> = webhook_ids
-        .iter()
-        .map(|webhook_id| {
-            (
-                deliveries::id.eq(Uuid::now_v7()),
-                deliveries::webhook_id.eq(*webhook_id),
-                deliveries::event_id.eq(event_id),
-                deliveries::event.eq(kind.as_str()),
-                deliveries::incident_id.eq(incident_id),
-                deliveries::state.eq(DeliveryState::Pending.as_str()),
-                deliveries::next_attempt_at.eq(Some(now)),
-                deliveries::created_at.eq(now),
-                deliveries::updated_at.eq(now),
-            )
-        })
-        .collect();
-    Ok(diesel::insert_into(deliveries::table)
-        .values(&rows)
-        .on_conflict((deliveries::event_id, deliveries::webhook_id))
-        .do_nothing()
-        .returning(deliveries::id)
-        .get_results(conn)
-        .await?)
+    // In key order, so that concurrent batches wait for each other's rows in one order.
+    let mut pairs = pairs.to_vec();
+    pairs.sort_unstable();
+    let mut created = Vec::new();
+    for chunk in pairs.chunks(INSERT_CHUNK) {
+        let rows: Vec<_> = chunk
+            .iter()
+            .filter_map(|(event_id, webhook_id)| {
+                let (kind, incident_id) = meta.get(event_id)?;
+                Some((
+                    deliveries::id.eq(Uuid::now_v7()),
+                    deliveries::webhook_id.eq(*webhook_id),
+                    deliveries::event_id.eq(*event_id),
+                    deliveries::event.eq(kind.as_str()),
+                    deliveries::incident_id.eq(*incident_id),
+                    deliveries::state.eq(DeliveryState::Pending.as_str()),
+                    deliveries::next_attempt_at.eq(Some(now)),
+                    deliveries::created_at.eq(now),
+                    deliveries::updated_at.eq(now),
+                ))
+            })
+            .collect();
+        let inserted: Vec<(Uuid, Uuid)> = diesel::insert_into(deliveries::table)
+            .values(&rows)
+            .on_conflict((deliveries::event_id, deliveries::webhook_id))
+            .do_nothing()
+            .returning((deliveries::id, deliveries::event_id))
+            .get_results(conn)
+            .await?;
+        created.extend(inserted);
+    }
+    Ok(created)
+}
+
+/// An event to fan out: one delivery per enabled webhook subscribed to its kind, or for a test
+/// event, to its one webhook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FanOut {
+    pub event_id: Uuid,
+    pub kind: EventKind,
+    pub incident_id: Uuid,
+    pub test_webhook_id: Option<Uuid>,
+    /// The broker delivered the event before: the last try may have committed its deliveries
+    /// and died before enqueueing them, so every one still waiting for its first attempt is
+    /// enqueued again.
+    pub redelivered: bool,
+}
+
+/// What fanning out one event did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FannedOut {
+    /// Deliveries created now.
+    pub created: usize,
+    /// Deliveries to enqueue for their first attempt.
+    pub to_enqueue: Vec<Uuid>,
+}
+
+/// Fans out several events in one transaction (one commit for all: the dispatcher gathers the
+/// events it receives concurrently). An event given twice is fanned out once; its second copy
+/// gets nothing to enqueue.
+pub async fn fan_out(
+    conn: &mut AsyncPgConnection,
+    events: &[FanOut],
+) -> Result<Vec<FannedOut>, DbError> {
+    conn.transaction::<_, DbError, _>(async |conn| {
+        let mut subscribers: HashMap<EventKind, Vec<Uuid>> = HashMap::new();
+        let mut first_copy: HashMap<Uuid, usize> = HashMap::new();
+        let mut meta = HashMap::new();
+        let mut pairs = Vec::new();
+        for (index, event) in events.iter().enumerate() {
+            if first_copy.contains_key(&event.event_id) {
+                continue;
+            }
+            first_copy.insert(event.event_id, index);
+            meta.insert(event.event_id, (event.kind, event.incident_id));
+            let targets = match event.test_webhook_id {
+                Some(id) => match super::webhooks::get(conn, id).await {
+                    Ok(webhook) => vec![webhook.id],
+                    Err(DbError::NotFound) => Vec::new(),
+                    Err(error) => return Err(error),
+                },
+                None => match subscribers.get(&event.kind) {
+                    Some(ids) => ids.clone(),
+                    None => {
+                        let ids = super::webhooks::subscribed_to(conn, event.kind).await?;
+                        subscribers.insert(event.kind, ids.clone());
+                        ids
+                    }
+                },
+            };
+            pairs.extend(targets.into_iter().map(|webhook| (event.event_id, webhook)));
+        }
+        let mut results = vec![FannedOut::default(); events.len()];
+        for (delivery_id, event_id) in insert_pending(conn, &pairs, &meta).await? {
+            if let Some(&index) = first_copy.get(&event_id) {
+                results[index].created += 1;
+                results[index].to_enqueue.push(delivery_id);
+            }
+        }
+        for (index, event) in events.iter().enumerate() {
+            if event.redelivered && first_copy.get(&event.event_id) == Some(&index) {
+                results[index].to_enqueue = waiting_for_first_attempt(conn, event.event_id).await?;
+            }
+        }
+        Ok(results)
+    })
+    .await
 }
 
 /// Everything needed to make an attempt.
@@ -214,7 +315,20 @@ pub struct DeliveryJob {
 
 /// Loads a delivery with its webhook and event body, in one query.
 pub async fn load_job(conn: &mut AsyncPgConnection, id: Uuid) -> Result<DeliveryJob, DbError> {
-    let row: Option<(
+    load_jobs(conn, &[id])
+        .await?
+        .pop()
+        .flatten()
+        .ok_or(DbError::NotFound)
+}
+
+/// Loads several deliveries as [`load_job`] does, in one query (the dispatcher gathers the
+/// deliveries it receives concurrently). Answers per id, `None` for an unknown one.
+pub async fn load_jobs(
+    conn: &mut AsyncPgConnection,
+    ids: &[Uuid],
+) -> Result<Vec<Option<DeliveryJob>>, DbError> {
+    let rows: Vec<(
         DeliveryRow,
         super::webhooks::WebhookRow,
         String,
@@ -223,7 +337,7 @@ pub async fn load_job(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Delivery
     )> = deliveries::table
         .inner_join(webhooks::table)
         .inner_join(events::table)
-        .filter(deliveries::id.eq(id))
+        .filter(deliveries::id.eq_any(ids))
         .select((
             DeliveryRow::as_select(),
             super::webhooks::WebhookRow::as_select(),
@@ -231,17 +345,20 @@ pub async fn load_job(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Delivery
             events::occurred_at,
             events::test_webhook_id,
         ))
-        .first(conn)
-        .await
-        .optional()?;
-    let (delivery, webhook, body, occurred_at, test_webhook_id) = row.ok_or(DbError::NotFound)?;
-    Ok(DeliveryJob {
-        delivery: delivery.try_into()?,
-        webhook: webhook.try_into()?,
-        body,
-        occurred_at,
-        test: test_webhook_id.is_some(),
-    })
+        .load(conn)
+        .await?;
+    let mut jobs = HashMap::with_capacity(rows.len());
+    for (delivery, webhook, body, occurred_at, test_webhook_id) in rows {
+        let job = DeliveryJob {
+            delivery: delivery.try_into()?,
+            webhook: webhook.try_into()?,
+            body,
+            occurred_at,
+            test: test_webhook_id.is_some(),
+        };
+        jobs.insert(job.delivery.id, job);
+    }
+    Ok(ids.iter().map(|id| jobs.get(id).cloned()).collect())
 }
 
 /// Deliveries of an event that still wait for their first attempt (to re-enqueue them when
@@ -320,6 +437,17 @@ pub fn next_state(
     }
 }
 
+/// An attempt to log and the delivery's move after it (see [`record_attempt`]).
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    pub delivery_id: Uuid,
+    /// For an automatic attempt, the automatic attempts the caller saw.
+    pub expected_auto_attempts: Option<i32>,
+    pub attempt: NewAttempt,
+    pub state: DeliveryState,
+    pub next_attempt_at: Option<OffsetDateTime>,
+}
+
 /// Logs an attempt and moves the delivery, in one transaction. For an automatic attempt,
 /// `expected_auto_attempts` is the count the caller saw: if another worker has logged that
 /// attempt meanwhile, nothing is written and `Ok(None)` is returned. Returns the updated delivery.
@@ -331,58 +459,195 @@ pub async fn record_attempt(
     state: DeliveryState,
     next_attempt_at: Option<OffsetDateTime>,
 ) -> Result<Option<Delivery>, DbError> {
+    let record = AttemptRecord {
+        delivery_id,
+        expected_auto_attempts,
+        attempt: attempt.clone(),
+        state,
+        next_attempt_at,
+    };
+    Ok(record_attempts(conn, std::slice::from_ref(&record))
+        .await?
+        .pop()
+        .flatten())
+}
+
+/// Logs several attempts as [`record_attempt`] does each, in one transaction of two statements
+/// (the dispatcher gathers the attempts that finish concurrently).
+pub async fn record_attempts(
+    conn: &mut AsyncPgConnection,
+    records: &[AttemptRecord],
+) -> Result<Vec<Option<Delivery>>, DbError> {
+    let mut seen = std::collections::HashSet::with_capacity(records.len());
+    if !records.iter().all(|r| seen.insert(r.delivery_id)) {
+        // One delivery twice (a duplicate message): each copy must see the other's update.
+        return record_one_by_one(conn, records).await;
+    }
     conn.transaction::<_, DbError, _>(async |conn| {
-        let now = OffsetDateTime::now_utc();
-        let auto_increment = i32::from(attempt.trigger == Trigger::Automatic);
-        let target = deliveries::table.find(delivery_id);
-        let updated: Option<DeliveryRow> = match expected_auto_attempts {
-            Some(expected) => diesel::update(target.filter(deliveries::auto_attempts.eq(expected)))
-                .set((
-                    deliveries::attempt_count.eq(deliveries::attempt_count + 1),
-                    deliveries::auto_attempts.eq(deliveries::auto_attempts + auto_increment),
-                    deliveries::state.eq(state.as_str()),
-                    deliveries::next_attempt_at.eq(next_attempt_at),
-                    deliveries::updated_at.eq(now),
-                ))
-                .returning(DeliveryRow::as_returning())
-                .get_result(conn)
-                .await
-                .optional()?,
-            None => diesel::update(target)
-                .set((
-                    deliveries::attempt_count.eq(deliveries::attempt_count + 1),
-                    deliveries::state.eq(state.as_str()),
-                    deliveries::next_attempt_at.eq(next_attempt_at),
-                    deliveries::updated_at.eq(now),
-                ))
-                .returning(DeliveryRow::as_returning())
-                .get_result(conn)
-                .await
-                .optional()?,
-        };
-        let Some(row) = updated else {
-            return Ok(None);
-        };
-        diesel::insert_into(attempts::table)
-            .values((
-                attempts::delivery_id.eq(delivery_id),
-                attempts::number.eq(row.attempt_count),
-                attempts::trigger.eq(attempt.trigger.as_str()),
-                attempts::started_at.eq(attempt.started_at),
-                attempts::success.eq(attempt.success),
-                attempts::status_code.eq(attempt.status_code.map(i32::from)),
-                attempts::duration_ms.eq(attempt.duration_ms),
-                attempts::error.eq(attempt.error.map(AttemptError::as_str)),
-                attempts::error_detail.eq(attempt.error_detail.as_deref()),
-                attempts::request_headers.eq(&attempt.request_headers),
-                attempts::response_body.eq(attempt.response_body.as_deref()),
-                attempts::response_truncated.eq(attempt.response_truncated),
-            ))
-            .execute(conn)
+        use diesel::sql_types::{Array, Int4, Nullable, Text, Timestamptz};
+        let ids: Vec<Uuid> = records.iter().map(|r| r.delivery_id).collect();
+        let expected: Vec<Option<i32>> = records.iter().map(|r| r.expected_auto_attempts).collect();
+        let auto_increment: Vec<i32> = records
+            .iter()
+            .map(|r| i32::from(r.attempt.trigger == Trigger::Automatic))
+            .collect();
+        let states: Vec<&str> = records.iter().map(|r| r.state.as_str()).collect();
+        let next: Vec<Option<OffsetDateTime>> = records.iter().map(|r| r.next_attempt_at).collect();
+        let updated: Vec<DeliveryRow> = diesel::sql_query(RECORD_ATTEMPTS_SQL)
+            .bind::<Array<diesel::sql_types::Uuid>, _>(&ids)
+            .bind::<Array<Nullable<Int4>>, _>(&expected)
+            .bind::<Array<Int4>, _>(&auto_increment)
+            .bind::<Array<Text>, _>(&states)
+            .bind::<Array<Nullable<Timestamptz>>, _>(&next)
+            .bind::<Timestamptz, _>(OffsetDateTime::now_utc())
+            .load(conn)
             .await?;
-        Ok(Some(row.try_into()?))
+        let updated: HashMap<Uuid, DeliveryRow> =
+            updated.into_iter().map(|row| (row.id, row)).collect();
+        let rows: Vec<_> = records
+            .iter()
+            .filter_map(|record| {
+                let number = updated.get(&record.delivery_id)?.attempt_count;
+                Some(attempt_row(record, number))
+            })
+            .collect();
+        if !rows.is_empty() {
+            diesel::insert_into(attempts::table)
+                .values(&rows)
+                .execute(conn)
+                .await?;
+        }
+        records
+            .iter()
+            .map(|record| {
+                updated
+                    .get(&record.delivery_id)
+                    .cloned()
+                    .map(Delivery::try_from)
+                    .transpose()
+            })
+            .collect()
     })
     .await
+}
+
+/// Moves a batch of deliveries after their attempts. Rows are locked in id order, as
+/// everywhere deliveries are locked in bulk, so that concurrent batches cannot deadlock. An
+/// automatic attempt only moves a delivery whose automatic attempts are still those the caller
+/// saw (another worker may have logged that attempt meanwhile).
+const RECORD_ATTEMPTS_SQL: &str = "\
+WITH input AS (
+    SELECT * FROM unnest($1::uuid[], $2::int4[], $3::int4[], $4::text[], $5::timestamptz[])
+        AS v(id, expected, auto_increment, state, next_attempt_at)
+), locked AS (
+    SELECT d.id FROM deliveries d JOIN input v ON v.id = d.id ORDER BY d.id FOR UPDATE OF d
+)
+UPDATE deliveries AS d SET
+    attempt_count = d.attempt_count + 1,
+    auto_attempts = d.auto_attempts + v.auto_increment,
+    state = v.state,
+    next_attempt_at = v.next_attempt_at,
+    updated_at = $6
+FROM input v, locked l
+WHERE d.id = v.id AND l.id = d.id AND (v.expected IS NULL OR d.auto_attempts = v.expected)
+RETURNING d.id, d.webhook_id, d.event_id, d.event, d.incident_id, d.state, d.attempt_count,
+    d.auto_attempts, d.next_attempt_at, d.created_at, d.updated_at";
+
+/// The attempt row of `record`, numbered `number`.
+#[allow(clippy::type_complexity)]
+fn attempt_row(
+    record: &AttemptRecord,
+    number: i32,
+) -> (
+    diesel::dsl::Eq<attempts::delivery_id, Uuid>,
+    diesel::dsl::Eq<attempts::number, i32>,
+    diesel::dsl::Eq<attempts::trigger, &'static str>,
+    diesel::dsl::Eq<attempts::started_at, OffsetDateTime>,
+    diesel::dsl::Eq<attempts::success, bool>,
+    diesel::dsl::Eq<attempts::status_code, Option<i32>>,
+    diesel::dsl::Eq<attempts::duration_ms, i32>,
+    diesel::dsl::Eq<attempts::error, Option<&'static str>>,
+    diesel::dsl::Eq<attempts::error_detail, Option<&str>>,
+    diesel::dsl::Eq<attempts::request_headers, &serde_json::Value>,
+    diesel::dsl::Eq<attempts::response_body, Option<&str>>,
+    diesel::dsl::Eq<attempts::response_truncated, bool>,
+) {
+    let attempt = &record.attempt;
+    (
+        attempts::delivery_id.eq(record.delivery_id),
+        attempts::number.eq(number),
+        attempts::trigger.eq(attempt.trigger.as_str()),
+        attempts::started_at.eq(attempt.started_at),
+        attempts::success.eq(attempt.success),
+        attempts::status_code.eq(attempt.status_code.map(i32::from)),
+        attempts::duration_ms.eq(attempt.duration_ms),
+        attempts::error.eq(attempt.error.map(AttemptError::as_str)),
+        attempts::error_detail.eq(attempt.error_detail.as_deref()),
+        attempts::request_headers.eq(&attempt.request_headers),
+        attempts::response_body.eq(attempt.response_body.as_deref()),
+        attempts::response_truncated.eq(attempt.response_truncated),
+    )
+}
+
+/// [`record_attempts`] one record after the other, in one transaction.
+async fn record_one_by_one(
+    conn: &mut AsyncPgConnection,
+    records: &[AttemptRecord],
+) -> Result<Vec<Option<Delivery>>, DbError> {
+    // In id order, like the batch statement.
+    let mut order: Vec<usize> = (0..records.len()).collect();
+    order.sort_by_key(|&index| records[index].delivery_id);
+    conn.transaction::<_, DbError, _>(async |conn| {
+        let mut updated = vec![None; records.len()];
+        for index in order {
+            updated[index] = record_one(conn, &records[index]).await?;
+        }
+        Ok(updated)
+    })
+    .await
+}
+
+async fn record_one(
+    conn: &mut AsyncPgConnection,
+    record: &AttemptRecord,
+) -> Result<Option<Delivery>, DbError> {
+    let attempt = &record.attempt;
+    let now = OffsetDateTime::now_utc();
+    let auto_increment = i32::from(attempt.trigger == Trigger::Automatic);
+    let target = deliveries::table.find(record.delivery_id);
+    let updated: Option<DeliveryRow> = match record.expected_auto_attempts {
+        Some(expected) => diesel::update(target.filter(deliveries::auto_attempts.eq(expected)))
+            .set((
+                deliveries::attempt_count.eq(deliveries::attempt_count + 1),
+                deliveries::auto_attempts.eq(deliveries::auto_attempts + auto_increment),
+                deliveries::state.eq(record.state.as_str()),
+                deliveries::next_attempt_at.eq(record.next_attempt_at),
+                deliveries::updated_at.eq(now),
+            ))
+            .returning(DeliveryRow::as_returning())
+            .get_result(conn)
+            .await
+            .optional()?,
+        None => diesel::update(target)
+            .set((
+                deliveries::attempt_count.eq(deliveries::attempt_count + 1),
+                deliveries::state.eq(record.state.as_str()),
+                deliveries::next_attempt_at.eq(record.next_attempt_at),
+                deliveries::updated_at.eq(now),
+            ))
+            .returning(DeliveryRow::as_returning())
+            .get_result(conn)
+            .await
+            .optional()?,
+    };
+    let Some(row) = updated else {
+        return Ok(None);
+    };
+    diesel::insert_into(attempts::table)
+        .values(attempt_row(record, row.attempt_count))
+        .execute(conn)
+        .await?;
+    Ok(Some(row.try_into()?))
 }
 
 /// Marks a delivery failed without an attempt (its webhook is gone or disabled).

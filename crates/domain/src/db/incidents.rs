@@ -8,7 +8,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::outbox::{self, NewEvent};
+use super::outbox::{self, NewEvent, Wake};
 use super::schema::incidents;
 use super::{Cursor, DbError, Page};
 use crate::alerts::{AlertAction, AlertSignal};
@@ -128,20 +128,53 @@ pub fn events_for(incident: &Incident, change: Change, at: OffsetDateTime) -> Ve
 }
 
 /// Applies the signals of one alert body in one transaction, recording their events in the
-/// outbox. Concurrent signals for the same new key open one incident.
+/// outbox (`wake` says how relays learn of them). Concurrent signals for the same new key open
+/// one incident.
 pub async fn apply_signals(
     conn: &mut AsyncPgConnection,
     signals: &[AlertSignal],
+    wake: Wake,
 ) -> Result<Vec<SignalOutcome>, DbError> {
+    let mut outcomes = apply_alerts(conn, &[signals.to_vec()], wake).await?;
+    Ok(outcomes.pop().unwrap_or_default())
+}
+
+/// Applies several alert bodies as [`apply_signals`] does each, in one transaction (one commit
+/// for all: ingest gathers the alerts it receives concurrently). Answers per body.
+pub async fn apply_alerts(
+    conn: &mut AsyncPgConnection,
+    bodies: &[Vec<AlertSignal>],
+    wake: Wake,
+) -> Result<Vec<Vec<SignalOutcome>>, DbError> {
     conn.transaction::<_, DbError, _>(async |conn| {
         let now = OffsetDateTime::now_utc();
-        let mut outcomes = Vec::with_capacity(signals.len());
-        for signal in signals {
-            outcomes.push(apply_one(conn, signal, now).await?);
+        // Keys are locked in key order, so that concurrent batches cannot deadlock; the sort is
+        // stable, so signals for one key keep the order they came in.
+        let mut order: Vec<(usize, usize)> = bodies
+            .iter()
+            .enumerate()
+            .flat_map(|(body, signals)| (0..signals.len()).map(move |signal| (body, signal)))
+            .collect();
+        order.sort_by(|a, b| bodies[a.0][a.1].dedup_key.cmp(&bodies[b.0][b.1].dedup_key));
+        let mut applied: Vec<Vec<Option<SignalOutcome>>> = bodies
+            .iter()
+            .map(|signals| vec![None; signals.len()])
+            .collect();
+        for (body, signal) in order {
+            applied[body][signal] = Some(apply_one(conn, &bodies[body][signal], now).await?);
         }
-        let events: Vec<NewEvent> = outcomes.iter().flat_map(|o| o.events.clone()).collect();
-        outbox::record_events(conn, &events).await?;
-        Ok(outcomes)
+        let answers: Vec<Vec<SignalOutcome>> = applied
+            .into_iter()
+            .map(|outcomes| outcomes.into_iter().flatten().collect())
+            .collect();
+        // Events go out in the order the alerts came in.
+        let events: Vec<NewEvent> = answers
+            .iter()
+            .flatten()
+            .flat_map(|o| o.events.iter().cloned())
+            .collect();
+        outbox::record_events(conn, &events, wake).await?;
+        Ok(answers)
     })
     .await
 }
@@ -184,55 +217,52 @@ async fn apply_one(
             events,
         }
     };
-    let existing = open_incident_for_update(conn, &signal.dedup_key).await?;
-    match (signal.action, existing) {
-        (AlertAction::Trigger, Some(open)) => Ok(outcome(Change::Unchanged, Some(open))),
-        (AlertAction::Trigger, None) => {
-            let inserted: Option<IncidentRow> = diesel::insert_into(incidents::table)
-                .values((
-                    incidents::id.eq(Uuid::now_v7()),
-                    incidents::dedup_key.eq(&signal.dedup_key),
-                    incidents::title.eq(signal.title.as_str()),
-                    incidents::severity.eq(signal.severity.as_str()),
-                    incidents::status.eq(IncidentStatus::Triggered.as_str()),
-                    incidents::source.eq(signal.source.as_deref()),
-                    incidents::description.eq(signal.description.as_deref()),
-                    incidents::created_at.eq(now),
-                    incidents::updated_at.eq(now),
-                ))
-                .on_conflict(incidents::dedup_key)
-                // A literal, not a bound parameter: PostgreSQL must match the partial index's
-                // predicate when planning, which a generic plan over `$n` cannot do.
-                .filter_target(diesel::dsl::sql::<diesel::sql_types::Bool>(
-                    "status <> 'resolved'",
-                ))
-                .do_nothing()
-                .returning(IncidentRow::as_returning())
-                .get_result(conn)
-                .await
-                .optional()?;
-            match inserted {
-                Some(row) => Ok(outcome(Change::Opened, Some(row.try_into()?))),
-                // Another transaction opened it between our look and our insert.
-                None => {
-                    let open = open_incident_for_update(conn, &signal.dedup_key).await?;
-                    Ok(outcome(Change::Unchanged, open))
-                }
-            }
+    if signal.action == AlertAction::Trigger {
+        // Insert first: a new key costs one statement. An open incident with the key makes the
+        // insert do nothing (waiting for a concurrent opener to commit); it is read then.
+        let inserted: Option<IncidentRow> = diesel::insert_into(incidents::table)
+            .values((
+                incidents::id.eq(Uuid::now_v7()),
+                incidents::dedup_key.eq(&signal.dedup_key),
+                incidents::title.eq(signal.title.as_str()),
+                incidents::severity.eq(signal.severity.as_str()),
+                incidents::status.eq(IncidentStatus::Triggered.as_str()),
+                incidents::source.eq(signal.source.as_deref()),
+                incidents::description.eq(signal.description.as_deref()),
+                incidents::created_at.eq(now),
+                incidents::updated_at.eq(now),
+            ))
+            .on_conflict(incidents::dedup_key)
+            // A literal, not a bound parameter: PostgreSQL must match the partial index's
+            // predicate when planning, which a generic plan over `$n` cannot do.
+            .filter_target(diesel::dsl::sql::<diesel::sql_types::Bool>(
+                "status <> 'resolved'",
+            ))
+            .do_nothing()
+            .returning(IncidentRow::as_returning())
+            .get_result(conn)
+            .await
+            .optional()?;
+        if let Some(row) = inserted {
+            return Ok(outcome(Change::Opened, Some(row.try_into()?)));
         }
-        (AlertAction::Acknowledge | AlertAction::Resolve, None) => {
-            Ok(outcome(Change::NoOpenIncident, None))
-        }
-        (AlertAction::Acknowledge, Some(open)) if open.status != IncidentStatus::Triggered => {
+        let open = open_incident_for_update(conn, &signal.dedup_key).await?;
+        return Ok(outcome(Change::Unchanged, open));
+    }
+    let to = if signal.action == AlertAction::Resolve {
+        IncidentStatus::Resolved
+    } else {
+        IncidentStatus::Acknowledged
+    };
+    match open_incident_for_update(conn, &signal.dedup_key).await? {
+        None => Ok(outcome(Change::NoOpenIncident, None)),
+        Some(open)
+            if to == IncidentStatus::Acknowledged && open.status != IncidentStatus::Triggered =>
+        {
             // Already acknowledged or further along: an acknowledge changes nothing.
             Ok(outcome(Change::Unchanged, Some(open)))
         }
-        (action, Some(open)) => {
-            let to = if action == AlertAction::Resolve {
-                IncidentStatus::Resolved
-            } else {
-                IncidentStatus::Acknowledged
-            };
+        Some(open) => {
             let (incident, change) = set_status(conn, open, to, now).await?;
             Ok(outcome(change, Some(incident)))
         }
@@ -301,7 +331,7 @@ pub async fn change_status(
         current.status.transition(to)?;
         let (incident, change) = set_status(conn, current, to, now).await?;
         let events = events_for(&incident, change, now);
-        outbox::record_events(conn, &events).await?;
+        outbox::record_events(conn, &events, Wake::Listeners).await?;
         Ok((incident, events))
     })
     .await

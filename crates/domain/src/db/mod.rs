@@ -22,6 +22,8 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::batch::Batcher;
+
 /// Every migration, compiled into the binaries.
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
 
@@ -94,6 +96,84 @@ impl DbError {
             ),
         }
     }
+}
+
+/// A repository function over a batch of items, boxed so that [`run_batch`] can take it.
+pub type BatchFn<T, R> = for<'a> fn(
+    &'a mut AsyncPgConnection,
+    &'a [T],
+) -> futures::future::BoxFuture<'a, Result<Vec<R>, DbError>>;
+
+/// Runs `batch` over every item on one pooled connection and answers for each item. When the
+/// batch fails for a reason of its own (a violated constraint, bad data), each item is run
+/// alone so that only the bad one fails; when the database is unreachable, every item gets
+/// that (transient) error, to be tried again.
+pub async fn run_batch<T, R>(
+    pool: &DbPool,
+    items: &[T],
+    batch: BatchFn<T, R>,
+) -> Vec<Result<R, DbError>> {
+    let all_unavailable = |error: &DbError| -> Vec<Result<R, DbError>> {
+        items
+            .iter()
+            .map(|_| Err(DbError::Unavailable(error.to_string())))
+            .collect()
+    };
+    let mut conn = match pool.get().await {
+        Ok(conn) => conn,
+        Err(error) => return all_unavailable(&DbError::from(error)),
+    };
+    match batch(&mut conn, items).await {
+        Ok(answers) => answers.into_iter().map(Ok).collect(),
+        Err(error) if error.is_transient() => all_unavailable(&error),
+        Err(error) if items.len() == 1 => vec![Err(error)],
+        Err(error) => {
+            tracing::debug!(%error, items = items.len(), "a batch failed; running its items one by one");
+            let mut answers = Vec::with_capacity(items.len());
+            for item in items.chunks(1) {
+                answers.push(batch(&mut conn, item).await.and_then(|mut one| {
+                    one.pop()
+                        .ok_or_else(|| DbError::Corrupt("a batch of one gave no answer".into()))
+                }));
+            }
+            answers
+        }
+    }
+}
+
+/// Work from concurrent callers written in shared transactions (see [`crate::batch`]); each
+/// caller gets its own answer or error.
+pub type DbBatcher<T, R> = Batcher<T, Result<R, DbError>>;
+
+/// Starts a [`DbBatcher`] whose `workers` each run `batch` (through [`run_batch`]) over up to
+/// `max_batch` items at a time, on connections from `pool`.
+pub fn batcher<T, R>(
+    pool: &DbPool,
+    max_batch: usize,
+    workers: usize,
+    batch: BatchFn<T, R>,
+) -> DbBatcher<T, R>
+where
+    T: Send + Sync + 'static,
+    R: Send + 'static,
+{
+    let pool = pool.clone();
+    Batcher::start(max_batch, workers, move |items: Vec<T>| {
+        let pool = pool.clone();
+        async move { run_batch(&pool, &items, batch).await }
+    })
+}
+
+/// Submits one item to a [`DbBatcher`]; a stopped batcher is a transient error.
+pub async fn submit<T, R>(batcher: &DbBatcher<T, R>, item: T) -> Result<R, DbError>
+where
+    T: Send + 'static,
+    R: Send + 'static,
+{
+    batcher
+        .call(item)
+        .await
+        .unwrap_or_else(|stopped| Err(DbError::Unavailable(stopped.to_string())))
 }
 
 /// A position in a newest-first list: the last item's creation time and id.

@@ -66,8 +66,24 @@ impl NewEvent {
     }
 }
 
+/// How relays learn that outbox rows were committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// `NOTIFY` every listening relay, in any process, at commit. PostgreSQL serialises the
+    /// commits of notifying transactions (a global lock held through the WAL flush, so they
+    /// cannot share a flush): for low-rate writers such as admin.
+    Listeners,
+    /// The caller wakes its own relay in process once the transaction commits (ingest's hot
+    /// path, where group commit matters). Other relays find the rows on their fallback poll.
+    Caller,
+}
+
 /// Records events and their outbox rows; call inside the transaction of the change.
-pub async fn record_events(conn: &mut AsyncPgConnection, new: &[NewEvent]) -> Result<(), DbError> {
+pub async fn record_events(
+    conn: &mut AsyncPgConnection,
+    new: &[NewEvent],
+    wake: Wake,
+) -> Result<(), DbError> {
     if new.is_empty() {
         return Ok(());
     }
@@ -101,7 +117,10 @@ pub async fn record_events(conn: &mut AsyncPgConnection, new: &[NewEvent]) -> Re
         .values(&outbox_rows)
         .execute(conn)
         .await?;
-    notify(conn).await
+    match wake {
+        Wake::Listeners => notify(conn).await,
+        Wake::Caller => Ok(()),
+    }
 }
 
 /// Records a request for one immediate attempt of a delivery (a manual retry).

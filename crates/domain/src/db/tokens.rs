@@ -55,28 +55,51 @@ pub async fn authenticate(
     conn: &mut AsyncPgConnection,
     presented: &AccessToken,
 ) -> Result<Option<Uuid>, DbError> {
-    let record: Option<InboundToken> = inbound_tokens::table
-        .filter(inbound_tokens::lookup.eq(presented.lookup()))
+    Ok(authenticate_all(conn, std::slice::from_ref(presented))
+        .await?
+        .pop()
+        .flatten())
+}
+
+/// [`authenticate`] for several presented tokens, in one query (ingest gathers the requests
+/// it receives concurrently). Answers per token.
+pub async fn authenticate_all(
+    conn: &mut AsyncPgConnection,
+    presented: &[AccessToken],
+) -> Result<Vec<Option<Uuid>>, DbError> {
+    let lookups: Vec<&str> = presented.iter().map(AccessToken::lookup).collect();
+    let records: Vec<InboundToken> = inbound_tokens::table
+        .filter(inbound_tokens::lookup.eq_any(&lookups))
         .filter(inbound_tokens::revoked_at.is_null())
         .select(InboundToken::as_select())
-        .first(conn)
-        .await
-        .optional()?;
-    let Some(record) = record.filter(|r| presented.matches(&r.token_hash)) else {
-        return Ok(None);
-    };
+        .load(conn)
+        .await?;
     let now = OffsetDateTime::now_utc();
     // Written at most once a minute per token, to keep the hot path free of writes.
-    if record
-        .last_used_at
-        .is_none_or(|used| now - used > time::Duration::MINUTE)
-    {
-        diesel::update(inbound_tokens::table.find(record.id))
+    let stale: Vec<Uuid> = records
+        .iter()
+        .filter(|r| {
+            presented.iter().any(|p| p.matches(&r.token_hash))
+                && r.last_used_at
+                    .is_none_or(|used| now - used > time::Duration::MINUTE)
+        })
+        .map(|r| r.id)
+        .collect();
+    if !stale.is_empty() {
+        diesel::update(inbound_tokens::table.filter(inbound_tokens::id.eq_any(&stale)))
             .set(inbound_tokens::last_used_at.eq(now))
             .execute(conn)
             .await?;
     }
-    Ok(Some(record.id))
+    Ok(presented
+        .iter()
+        .map(|token| {
+            records
+                .iter()
+                .find(|r| r.lookup == token.lookup() && token.matches(&r.token_hash))
+                .map(|r| r.id)
+        })
+        .collect())
 }
 
 /// Tokens, newest first, revoked ones included.

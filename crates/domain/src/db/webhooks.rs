@@ -310,9 +310,19 @@ async fn stop_unfinished(
     webhook_id: Uuid,
     now: OffsetDateTime,
 ) -> Result<(), DbError> {
+    // Locked in id order first, as everywhere deliveries are locked in bulk, so that this
+    // cannot deadlock with the dispatcher logging a batch of attempts.
+    let unfinished: Vec<Uuid> = deliveries::table
+        .filter(deliveries::webhook_id.eq(webhook_id))
+        .filter(deliveries::state.eq_any(["pending", "retrying"]))
+        .order(deliveries::id)
+        .select(deliveries::id)
+        .for_update()
+        .load(conn)
+        .await?;
     diesel::update(
         deliveries::table
-            .filter(deliveries::webhook_id.eq(webhook_id))
+            .filter(deliveries::id.eq_any(&unfinished))
             .filter(deliveries::state.eq_any(["pending", "retrying"])),
     )
     .set((
