@@ -4,8 +4,9 @@
 //! |---|---|---|
 //! | `TOCSIN_DISPATCHER_ADDR` | `127.0.0.1:8082` | address of `/healthz`, `/readyz`, `/metrics` |
 //! | `TOCSIN_ALLOWED_TARGETS` | empty | CIDRs exempt from the SSRF rules, comma-separated |
-//! | `TOCSIN_DISPATCHER_CONCURRENCY` | `64` | attempts in flight at once (the delivery queue's prefetch) |
-//! | `TOCSIN_FANOUT_PREFETCH` | `16` | events fanned out at once |
+//! | `TOCSIN_DISPATCHER_CONCURRENCY` | `256` | attempts in flight at once (the delivery queue's prefetch) |
+//! | `TOCSIN_FANOUT_PREFETCH` | `64` | events fanned out at once |
+//! | `TOCSIN_WEBHOOK_CONCURRENCY` | `64` | requests in flight to one webhook; more wait in the deferral queue |
 //! | `TOCSIN_SWEEP_INTERVAL` | `30s` | how often the sweeper looks for overdue deliveries |
 //! | `TOCSIN_SWEEP_GRACE` | `2m` | how overdue a delivery must be before the sweeper re-enqueues it |
 //! | `TOCSIN_RESPONSE_BODY_LIMIT` | `65536` | bytes of a target's response body kept in the log |
@@ -43,11 +44,15 @@ pub struct Config {
     pub allowed_targets: TargetPolicy,
 
     /// Attempts in flight at once.
-    #[arg(long, env = "TOCSIN_DISPATCHER_CONCURRENCY", value_name = "TOCSIN_DISPATCHER_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=10000))]
+    #[arg(long, env = "TOCSIN_DISPATCHER_CONCURRENCY", value_name = "TOCSIN_DISPATCHER_CONCURRENCY", default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..=10000))]
     pub concurrency: u16,
 
+    /// Requests in flight to one webhook at once; an attempt beyond waits in the deferral queue.
+    #[arg(long, env = "TOCSIN_WEBHOOK_CONCURRENCY", value_name = "TOCSIN_WEBHOOK_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=10000))]
+    pub webhook_concurrency: u16,
+
     /// Events fanned out at once.
-    #[arg(long, env = "TOCSIN_FANOUT_PREFETCH", value_name = "TOCSIN_FANOUT_PREFETCH", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    #[arg(long, env = "TOCSIN_FANOUT_PREFETCH", value_name = "TOCSIN_FANOUT_PREFETCH", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub fanout_prefetch: u16,
 
     /// How often the sweeper runs.
@@ -79,6 +84,7 @@ impl Config {
             addr: "127.0.0.1:0".into(),
             allowed_targets: TargetPolicy::parse("127.0.0.0/8,::1/128").expect("valid CIDRs"),
             concurrency: 32,
+            webhook_concurrency: 32,
             fanout_prefetch: 8,
             sweep_interval: Duration::from_millis(500),
             sweep_grace: Duration::from_secs(2),

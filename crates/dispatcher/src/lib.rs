@@ -6,6 +6,7 @@ mod config;
 mod deliver;
 mod fanout;
 mod metrics;
+mod slots;
 mod ssrf;
 mod startup;
 mod sweeper;

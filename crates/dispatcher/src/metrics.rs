@@ -16,6 +16,7 @@ pub(crate) struct DispatcherMetrics {
     pub deliveries_finished: IntCounterVec,
     pub parked: IntCounterVec,
     pub swept: IntCounter,
+    pub deferred: IntCounter,
     pub queue_messages: IntGaugeVec,
     pub unfinished: IntGaugeVec,
 }
@@ -70,10 +71,14 @@ impl DispatcherMetrics {
             "tocsin_dispatcher_swept_total",
             "Overdue deliveries re-enqueued by the sweeper.",
         )?;
+        let deferred = IntCounter::new(
+            "tocsin_dispatcher_deferred_total",
+            "Attempts put off for a few seconds (deferral queue) because their webhook had TOCSIN_WEBHOOK_CONCURRENCY requests in flight.",
+        )?;
         let queue_messages = IntGaugeVec::new(
             Opts::new(
                 "tocsin_queue_messages",
-                "Messages waiting in each RabbitMQ queue of the topology (fan-out, deliveries, each retry delay, parking).",
+                "Messages waiting in each RabbitMQ queue of the topology (fan-out, deliveries, each retry delay, deferred, parking).",
             ),
             &["queue"],
         )?;
@@ -94,6 +99,7 @@ impl DispatcherMetrics {
         registry.register(Box::new(deliveries_finished.clone()))?;
         registry.register(Box::new(parked.clone()))?;
         registry.register(Box::new(swept.clone()))?;
+        registry.register(Box::new(deferred.clone()))?;
         // Export these series at 0 from the start, so that dashboards and `increase()` in the
         // alert rules see the first occurrence (a series that appears at 1 shows no increase).
         for state in ["succeeded", "failed"] {
@@ -111,6 +117,7 @@ impl DispatcherMetrics {
             deliveries_finished,
             parked,
             swept,
+            deferred,
             queue_messages,
             unfinished,
         })

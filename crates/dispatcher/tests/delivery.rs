@@ -10,7 +10,7 @@ use tocsin_domain::amqp::messages::Trigger;
 use tocsin_domain::db::deliveries::DeliveryState;
 use tocsin_domain::db::{outbox, webhooks};
 use tocsin_domain::{signing, EventKind, WebhookSecret};
-use tocsin_testkit::{wait_until, Behavior, Receiver, FAST_RETRY_DELAYS};
+use tocsin_testkit::{wait_for, wait_until, Behavior, Receiver, FAST_RETRY_DELAYS};
 
 const ALL: [EventKind; 3] = EventKind::ALL;
 
@@ -448,6 +448,69 @@ async fn a_hanging_target_does_not_hold_back_a_healthy_one() {
         .await;
     // Reported, not asserted: timing belongs to the benchmarks.
     eprintln!("healthy target got 10 events in {elapsed:?} while the other hung");
+    harness.stop().await;
+}
+
+/// A hanging webhook gets at most `TOCSIN_WEBHOOK_CONCURRENCY` requests at once: the other
+/// attempts for it wait in the deferral queue instead of taking delivery slots, so a healthy
+/// webhook is served even when the hanging one has more deliveries than the dispatcher slots.
+#[tokio::test]
+async fn a_webhook_at_its_in_flight_limit_defers_instead_of_taking_every_slot() {
+    let mut harness = Harness::without_dispatcher("0s").await;
+    let port = harness
+        .add_dispatcher(|config| {
+            config.concurrency = 8;
+            config.webhook_concurrency = 2;
+        })
+        .await;
+    let hanging = Receiver::start_with(Behavior::Hang).await;
+    let healthy = Receiver::start().await;
+    harness
+        .webhook(
+            &hanging.url("/hang"),
+            &[EventKind::IncidentOpened],
+            1,
+            30_000,
+        )
+        .await;
+    let good = harness
+        .webhook(&healthy.url("/ok"), &[EventKind::IncidentOpened], 1, 5_000)
+        .await;
+    // More hanging deliveries than the dispatcher has slots.
+    for i in 0..12 {
+        harness.open(&format!("limit-{i}")).await;
+    }
+    healthy.wait_for_requests(12, DEADLINE).await;
+    harness
+        .wait_state(good.id, 12, DeliveryState::Succeeded)
+        .await;
+    let deferred = wait_for("10 deferred attempts", DEADLINE, || async {
+        let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("tocsin_dispatcher_deferred_total "))
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|n| *n >= 10)
+    })
+    .await;
+    assert!(
+        deferred >= 10,
+        "the attempts beyond the limit were deferred"
+    );
+    wait_for("the two hanging requests", DEADLINE, || async {
+        (hanging.count() >= 2).then_some(())
+    })
+    .await;
+    assert_eq!(
+        hanging.count(),
+        2,
+        "the hanging target never had more than its limit of requests"
+    );
     harness.stop().await;
 }
 
