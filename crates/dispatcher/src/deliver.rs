@@ -18,6 +18,7 @@ use tocsin_domain::db::deliveries::{
 use tocsin_domain::db::{self, DbError};
 use tocsin_domain::signing::{self, headers};
 
+use crate::slots::SLOT_WAIT;
 use crate::ssrf::{Blocked, DnsFailure};
 use crate::startup::{retry_db, with_db, Context, Outcome};
 
@@ -75,7 +76,7 @@ async fn process(
         };
     }
 
-    let Some(slot) = ctx.slots.try_take(job.webhook.id) else {
+    let Some(slot) = ctx.slots.take(job.webhook.id, SLOT_WAIT).await else {
         tracing::debug!(delivery_id = %id, webhook_id = %job.webhook.id, "webhook at its in-flight limit; attempt deferred");
         return Outcome::Defer;
     };

@@ -90,7 +90,7 @@ pub(crate) struct Context {
     pub response_limit: usize,
     pub cancel: CancellationToken,
     /// Requests in flight per webhook.
-    pub slots: Arc<WebhookSlots>,
+    pub slots: WebhookSlots,
     /// Fan-outs of events received concurrently, written in shared transactions.
     pub fanouts: DbBatcher<FanOut, FannedOut>,
     /// Deliveries received concurrently, loaded in shared queries.
@@ -153,36 +153,19 @@ impl Context {
         }
     }
 
-    /// Acks, parks or requeues a message.
+    /// Acks, defers, parks or requeues a message.
     pub async fn finish(&self, message: Delivery, outcome: Outcome, queue: &'static str) {
-        let acked = match outcome {
+        let topology = self.broker.topology();
+        let settled = match outcome {
             Outcome::Done => message.ack(BasicAckOptions::default()).await.map(|_| ()),
             Outcome::Defer => {
-                let deferred = self
-                    .broker
-                    .publish(Outgoing {
-                        exchange: String::new(),
-                        routing_key: self.broker.topology().deferred_queue(),
-                        body: message.data.clone(),
-                        headers: message.properties.headers().clone().unwrap_or_default(),
-                    })
-                    .await;
-                match deferred {
-                    Ok(()) => {
-                        self.metrics.deferred.inc();
-                        message.ack(BasicAckOptions::default()).await.map(|_| ())
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "could not defer; returning the message");
-                        message
-                            .nack(BasicNackOptions {
-                                requeue: true,
-                                ..BasicNackOptions::default()
-                            })
-                            .await
-                            .map(|_| ())
-                    }
+                let headers = message.properties.headers().clone().unwrap_or_default();
+                let deferral = (String::new(), topology.deferred_queue(), headers);
+                let moved = self.move_then_ack(&message, deferral, "defer").await;
+                if moved {
+                    self.metrics.deferred.inc();
                 }
+                Ok(())
             }
             Outcome::Park(reason) => {
                 tracing::error!(queue, %reason, "parking a message that cannot be processed");
@@ -191,45 +174,62 @@ impl Context {
                     ShortString::from(PARKED_REASON_HEADER),
                     string_header(&reason),
                 );
-                let parked = self
-                    .broker
-                    .publish(Outgoing {
-                        exchange: self.broker.topology().parking_exchange(),
-                        routing_key: String::new(),
-                        body: message.data.clone(),
-                        headers,
-                    })
-                    .await;
-                match parked {
-                    Ok(()) => {
-                        self.metrics.parked.with_label_values(&[queue]).inc();
-                        message.ack(BasicAckOptions::default()).await.map(|_| ())
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "could not park; returning the message");
-                        message
-                            .nack(BasicNackOptions {
-                                requeue: true,
-                                ..BasicNackOptions::default()
-                            })
-                            .await
-                            .map(|_| ())
-                    }
+                let parking = (topology.parking_exchange(), String::new(), headers);
+                if self.move_then_ack(&message, parking, "park").await {
+                    self.metrics.parked.with_label_values(&[queue]).inc();
                 }
+                Ok(())
             }
-            Outcome::Requeue => message
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..BasicNackOptions::default()
-                })
-                .await
-                .map(|_| ()),
+            Outcome::Requeue => requeue(&message).await,
         };
-        if let Err(error) = acked {
+        if let Err(error) = settled {
             // The channel is gone: the broker redelivers the message on its own.
             tracing::debug!(%error, "could not settle a message; the broker will redeliver it");
         }
     }
+
+    /// Publishes a copy of `message` to `(exchange, routing key, headers)`, confirmed, then
+    /// acks the original; if the publish fails, returns the original to its queue. Returns
+    /// whether the message moved.
+    async fn move_then_ack(
+        &self,
+        message: &Delivery,
+        (exchange, routing_key, headers): (String, String, FieldTable),
+        what: &str,
+    ) -> bool {
+        let published = self
+            .broker
+            .publish(Outgoing {
+                exchange,
+                routing_key,
+                body: message.data.clone(),
+                headers,
+            })
+            .await;
+        let moved = published.is_ok();
+        let settled = match published {
+            Ok(()) => message.ack(BasicAckOptions::default()).await.map(|_| ()),
+            Err(error) => {
+                tracing::warn!(%error, "could not {what} a message; returning it to its queue");
+                requeue(message).await
+            }
+        };
+        if let Err(error) = settled {
+            tracing::debug!(%error, "could not settle a message; the broker will redeliver it");
+        }
+        moved
+    }
+}
+
+/// Returns a message to its queue.
+async fn requeue(message: &Delivery) -> lapin::Result<()> {
+    message
+        .nack(BasicNackOptions {
+            requeue: true,
+            ..BasicNackOptions::default()
+        })
+        .await
+        .map(|_| ())
 }
 
 fn attempt_headers(attempt: i32) -> FieldTable {

@@ -1,7 +1,8 @@
 //! The outbox relay (DESIGN §2): publishes committed outbox rows to RabbitMQ with publisher
-//! confirms and marks them published. It is woken as soon as a transaction commits (in process
-//! through [`OutboxRelay::waker`], across processes by PostgreSQL `NOTIFY`) and polls only as a
-//! fallback. Several relays may run at once: rows are claimed with `FOR UPDATE SKIP LOCKED`.
+//! confirms and marks them published. It is woken as soon as a transaction commits: in process
+//! through [`OutboxRelay::waker`] (ingest, whose transactions do not `NOTIFY`: PostgreSQL
+//! serialises notifying commits), across processes by PostgreSQL `NOTIFY` (admin's writes), and
+//! it polls as a fallback. Several relays may run at once: rows are claimed with `FOR UPDATE SKIP LOCKED`.
 //! While RabbitMQ is down the rows wait, and are published once it is back.
 
 use std::sync::Arc;

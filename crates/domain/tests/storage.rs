@@ -234,23 +234,10 @@ async fn ping_reports_an_unreachable_database() {
 async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
     use tocsin_domain::db::deliveries::{self as repo};
     use tocsin_domain::db::retention;
-    use tocsin_domain::db::webhooks::{self, NewWebhook};
-    use tocsin_domain::{RetrySettings, TargetUrl, WebhookName};
 
     let db = TestDb::new().await;
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    let webhook = webhooks::create(
-        &mut conn,
-        &NewWebhook {
-            name: WebhookName::parse("r").unwrap(),
-            url: TargetUrl::parse("https://example.com/").unwrap(),
-            events: EventKind::ALL.into_iter().collect(),
-            retry: RetrySettings::default(),
-            enabled: true,
-        },
-    )
-    .await
-    .unwrap();
+    let webhook = webhook_for_every_event(&mut conn, "r").await;
     let mut delivery_ids = Vec::new();
     for i in 0..5 {
         let outcome = incidents::apply_signals(
@@ -330,24 +317,11 @@ async fn attempts_logged_in_one_batch_move_each_delivery_as_alone() {
     use tocsin_domain::db::deliveries::{
         self as repo, AttemptRecord, DeliveryState, FanOut, NewAttempt,
     };
-    use tocsin_domain::db::webhooks::{self, NewWebhook};
-    use tocsin_domain::{RetrySettings, TargetUrl, WebhookName};
 
     let db = TestDb::new().await;
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
     // The one webhook every event fans out to.
-    webhooks::create(
-        &mut conn,
-        &NewWebhook {
-            name: WebhookName::parse("batch").unwrap(),
-            url: TargetUrl::parse("https://example.com/").unwrap(),
-            events: EventKind::ALL.into_iter().collect(),
-            retry: RetrySettings::default(),
-            enabled: true,
-        },
-    )
-    .await
-    .unwrap();
+    webhook_for_every_event(&mut conn, "batch").await;
     // Four events fanned out in one batch, one of them given twice.
     let mut requests = Vec::new();
     for i in 0..4 {
@@ -478,4 +452,25 @@ struct AttemptNumber {
     delivery_id: uuid::Uuid,
     #[diesel(sql_type = diesel::sql_types::Integer)]
     number: i32,
+}
+
+/// A webhook subscribed to every event kind.
+async fn webhook_for_every_event(
+    conn: &mut AsyncPgConnection,
+    name: &str,
+) -> tocsin_domain::db::webhooks::Webhook {
+    use tocsin_domain::db::webhooks::{self, NewWebhook};
+    use tocsin_domain::{RetrySettings, TargetUrl, WebhookName};
+    webhooks::create(
+        conn,
+        &NewWebhook {
+            name: WebhookName::parse(name).unwrap(),
+            url: TargetUrl::parse("https://example.com/").unwrap(),
+            events: EventKind::ALL.into_iter().collect(),
+            retry: RetrySettings::default(),
+            enabled: true,
+        },
+    )
+    .await
+    .unwrap()
 }

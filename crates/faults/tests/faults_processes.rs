@@ -17,7 +17,7 @@ use tocsin_domain::db::webhooks::{self, NewWebhook};
 use tocsin_domain::db::{tokens, Page};
 use tocsin_domain::{EventKind, RetrySettings, TargetUrl, WebhookName};
 use tocsin_testkit::{
-    amqp_url, free_port, wait_for, wait_until, Behavior, Receiver, ServiceProcess, TestDb,
+    amqp_url, binary, free_port, wait_for, wait_until, Behavior, Receiver, ServiceProcess, TestDb,
     TestPrefix,
 };
 
@@ -295,22 +295,6 @@ async fn send_alerts(port: u16, token: String, range: std::ops::Range<usize>) ->
         accepted += 1;
     }
     accepted
-}
-
-/// A service binary built beside this test (cargo builds every workspace binary with the tests).
-fn binary(name: &str) -> String {
-    let exe = std::env::current_exe().expect("the test's path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>");
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is not built: run the tests with `cargo nextest run --workspace`",
-        path.display()
-    );
-    path.display().to_string()
 }
 
 async fn ready(port: u16) {
