@@ -17,6 +17,10 @@
 #     register (crates/*/src) or Prometheus's `up`, and that docs/operations.md documents every
 #     metric the services register.
 #  6. Checks deploy/rabbitmq/definitions.json for consistency.
+#  7. Validates docker-compose.yml: with `docker compose config` where the Compose client is
+#     installed (no engine is needed for that), and always offline: the services, the one image
+#     built from deploy/Dockerfile, each service's binary and address, loopback-only ports, and
+#     that every Dockerfile binary is one the workspace builds.
 #
 # Usage: bash deploy/ci/validate-manifests.sh        (exit status 0 only when all is well)
 #        K8S_VERSION=1.31.0 bash deploy/ci/validate-manifests.sh
@@ -538,6 +542,62 @@ if errors:
     sys.exit(1)
 print(f"OK: {checked} Kubernetes objects valid against Kubernetes {k8s_version} (strict) and KEDA 2.16.1; "
       "alerts, dashboard and RabbitMQ definitions consistent")
+PY
+
+# 7. docker-compose.yml.
+if docker compose version >/dev/null 2>&1; then
+    TOCSIN_ADMIN_TOKEN=validate docker compose -f docker-compose.yml config --quiet || status=1
+    echo "docker-compose.yml: docker compose config OK"
+else
+    echo "docker-compose.yml: no Compose client here; offline checks only"
+fi
+python3 - <<'PY' || status=1
+import re, sys, yaml
+errors = []
+compose = yaml.safe_load(open("docker-compose.yml"))
+services = compose.get("services", {})
+expected = {"ingest": "8080", "dispatcher": "8082", "admin": "8081"}
+for name in ["postgres", "rabbitmq", *expected]:
+    if name not in services:
+        errors.append(f"service {name} is missing")
+built = [n for n, s in services.items() if "build" in s]
+if built != ["ingest"] or services["ingest"]["build"].get("dockerfile") != "deploy/Dockerfile":
+    errors.append(f"exactly one service (ingest) builds deploy/Dockerfile; found {built}")
+dockerfile = open("deploy/Dockerfile").read()
+for name, port in expected.items():
+    service = services.get(name, {})
+    if service.get("image") != "tocsin:local":
+        errors.append(f"{name}: image must be tocsin:local (the image ingest builds)")
+    if service.get("command") != [f"tocsin-{name}"]:
+        errors.append(f"{name}: command must be tocsin-{name}")
+    if f"tocsin-{name}" not in dockerfile:
+        errors.append(f"deploy/Dockerfile does not install tocsin-{name}")
+    env = service.get("environment", {})
+    address = env.get(f"TOCSIN_{name.upper()}_ADDR", "")
+    if not address.endswith(f":{port}"):
+        errors.append(f"{name}: TOCSIN_{name.upper()}_ADDR must listen on {port}")
+    for key in ("DATABASE_URL", "AMQP_URL"):
+        if not env.get(key):
+            errors.append(f"{name}: {key} is not set")
+    for dep in service.get("depends_on", {}):
+        if dep not in services:
+            errors.append(f"{name}: depends on unknown service {dep}")
+for name, service in services.items():
+    for port in service.get("ports", []):
+        if not str(port).startswith("127.0.0.1:"):
+            errors.append(f"{name}: port {port} is not bound to loopback")
+for binary in re.findall(r"tocsin-[a-z]+", dockerfile):
+    if binary not in {"tocsin-ingest", "tocsin-dispatcher", "tocsin-admin"}:
+        continue
+    try:
+        open(f"crates/{binary.removeprefix('tocsin-')}/Cargo.toml")
+    except OSError:
+        errors.append(f"deploy/Dockerfile copies {binary}, which no crate builds")
+for line in errors:
+    print(f"ERROR docker-compose.yml: {line}", file=sys.stderr)
+if errors:
+    sys.exit(1)
+print(f"docker-compose.yml: {len(services)} services consistent with deploy/Dockerfile")
 PY
 
 exit "$status"
