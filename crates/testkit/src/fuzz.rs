@@ -102,6 +102,18 @@ impl<S: Strategy> Iterator for Samples<S> {
     }
 }
 
+/// Checks an HTTP answer to fuzzed input: never a server error, and a refusal (4xx) in the
+/// common error shape (`{"error": {"code": ...}}`).
+pub fn check_refusal(status: u16, answer: &Value, what: &dyn std::fmt::Display) {
+    assert!(status < 500, "{status} for {what}: {answer}");
+    if status >= 400 {
+        assert!(
+            answer["error"]["code"].is_string(),
+            "common error shape for {status} ({what}): {answer}"
+        );
+    }
+}
+
 /// Strings that have caught parsers and HTTP layers out: header injection (CR/LF, a folded
 /// header line), NUL and other control characters, percent-encoded line breaks, non-ASCII,
 /// right-to-left overrides, markup.

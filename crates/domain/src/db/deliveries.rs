@@ -478,57 +478,72 @@ pub async fn record_attempts(
     conn: &mut AsyncPgConnection,
     records: &[AttemptRecord],
 ) -> Result<Vec<Option<Delivery>>, DbError> {
-    let mut seen = std::collections::HashSet::with_capacity(records.len());
-    if !records.iter().all(|r| seen.insert(r.delivery_id)) {
-        // One delivery twice (a duplicate message): each copy must see the other's update.
-        return record_one_by_one(conn, records).await;
-    }
     conn.transaction::<_, DbError, _>(async |conn| {
-        use diesel::sql_types::{Array, Int4, Nullable, Text, Timestamptz};
-        let ids: Vec<Uuid> = records.iter().map(|r| r.delivery_id).collect();
-        let expected: Vec<Option<i32>> = records.iter().map(|r| r.expected_auto_attempts).collect();
-        let auto_increment: Vec<i32> = records
-            .iter()
-            .map(|r| i32::from(r.attempt.trigger == Trigger::Automatic))
-            .collect();
-        let states: Vec<&str> = records.iter().map(|r| r.state.as_str()).collect();
-        let next: Vec<Option<OffsetDateTime>> = records.iter().map(|r| r.next_attempt_at).collect();
-        let updated: Vec<DeliveryRow> = diesel::sql_query(RECORD_ATTEMPTS_SQL)
-            .bind::<Array<diesel::sql_types::Uuid>, _>(&ids)
-            .bind::<Array<Nullable<Int4>>, _>(&expected)
-            .bind::<Array<Int4>, _>(&auto_increment)
-            .bind::<Array<Text>, _>(&states)
-            .bind::<Array<Nullable<Timestamptz>>, _>(&next)
-            .bind::<Timestamptz, _>(OffsetDateTime::now_utc())
-            .load(conn)
-            .await?;
-        let updated: HashMap<Uuid, DeliveryRow> =
-            updated.into_iter().map(|row| (row.id, row)).collect();
-        let rows: Vec<_> = records
-            .iter()
-            .filter_map(|record| {
-                let number = updated.get(&record.delivery_id)?.attempt_count;
-                Some(attempt_row(record, number))
-            })
-            .collect();
-        if !rows.is_empty() {
-            diesel::insert_into(attempts::table)
-                .values(&rows)
-                .execute(conn)
-                .await?;
+        let mut answers = vec![None; records.len()];
+        // A delivery given twice (a duplicate message) is logged in rounds, so that its second
+        // copy sees what the first did: each round holds the first copy of each delivery left.
+        let mut left: Vec<usize> = (0..records.len()).collect();
+        while !left.is_empty() {
+            let mut seen = std::collections::HashSet::new();
+            let (round, later): (Vec<usize>, Vec<usize>) = left
+                .into_iter()
+                .partition(|&index| seen.insert(records[index].delivery_id));
+            record_round(conn, records, &round, &mut answers).await?;
+            left = later;
         }
-        records
-            .iter()
-            .map(|record| {
-                updated
-                    .get(&record.delivery_id)
-                    .cloned()
-                    .map(Delivery::try_from)
-                    .transpose()
-            })
-            .collect()
+        Ok(answers)
     })
     .await
+}
+
+/// Logs `records[index]` for each of `indexes` (distinct deliveries) with two statements,
+/// writing each moved delivery into `answers`.
+async fn record_round(
+    conn: &mut AsyncPgConnection,
+    records: &[AttemptRecord],
+    indexes: &[usize],
+    answers: &mut [Option<Delivery>],
+) -> Result<(), DbError> {
+    use diesel::sql_types::{Array, Int4, Nullable, Text, Timestamptz};
+    let round: Vec<&AttemptRecord> = indexes.iter().map(|&index| &records[index]).collect();
+    let ids: Vec<Uuid> = round.iter().map(|r| r.delivery_id).collect();
+    let expected: Vec<Option<i32>> = round.iter().map(|r| r.expected_auto_attempts).collect();
+    let auto_increment: Vec<i32> = round
+        .iter()
+        .map(|r| i32::from(r.attempt.trigger == Trigger::Automatic))
+        .collect();
+    let states: Vec<&str> = round.iter().map(|r| r.state.as_str()).collect();
+    let next: Vec<Option<OffsetDateTime>> = round.iter().map(|r| r.next_attempt_at).collect();
+    let updated: Vec<DeliveryRow> = diesel::sql_query(RECORD_ATTEMPTS_SQL)
+        .bind::<Array<diesel::sql_types::Uuid>, _>(&ids)
+        .bind::<Array<Nullable<Int4>>, _>(&expected)
+        .bind::<Array<Int4>, _>(&auto_increment)
+        .bind::<Array<Text>, _>(&states)
+        .bind::<Array<Nullable<Timestamptz>>, _>(&next)
+        .bind::<Timestamptz, _>(OffsetDateTime::now_utc())
+        .load(conn)
+        .await?;
+    let updated: HashMap<Uuid, DeliveryRow> =
+        updated.into_iter().map(|row| (row.id, row)).collect();
+    let rows: Vec<_> = round
+        .iter()
+        .filter_map(|record| {
+            let number = updated.get(&record.delivery_id)?.attempt_count;
+            Some(attempt_row(record, number))
+        })
+        .collect();
+    if !rows.is_empty() {
+        diesel::insert_into(attempts::table)
+            .values(&rows)
+            .execute(conn)
+            .await?;
+    }
+    for (&index, record) in indexes.iter().zip(&round) {
+        if let Some(row) = updated.get(&record.delivery_id) {
+            answers[index] = Some(row.clone().try_into()?);
+        }
+    }
+    Ok(())
 }
 
 /// Moves a batch of deliveries after their attempts. Rows are locked in id order, as
@@ -587,67 +602,6 @@ fn attempt_row(
         attempts::response_body.eq(attempt.response_body.as_deref()),
         attempts::response_truncated.eq(attempt.response_truncated),
     )
-}
-
-/// [`record_attempts`] one record after the other, in one transaction.
-async fn record_one_by_one(
-    conn: &mut AsyncPgConnection,
-    records: &[AttemptRecord],
-) -> Result<Vec<Option<Delivery>>, DbError> {
-    // In id order, like the batch statement.
-    let mut order: Vec<usize> = (0..records.len()).collect();
-    order.sort_by_key(|&index| records[index].delivery_id);
-    conn.transaction::<_, DbError, _>(async |conn| {
-        let mut updated = vec![None; records.len()];
-        for index in order {
-            updated[index] = record_one(conn, &records[index]).await?;
-        }
-        Ok(updated)
-    })
-    .await
-}
-
-async fn record_one(
-    conn: &mut AsyncPgConnection,
-    record: &AttemptRecord,
-) -> Result<Option<Delivery>, DbError> {
-    let attempt = &record.attempt;
-    let now = OffsetDateTime::now_utc();
-    let auto_increment = i32::from(attempt.trigger == Trigger::Automatic);
-    let target = deliveries::table.find(record.delivery_id);
-    let updated: Option<DeliveryRow> = match record.expected_auto_attempts {
-        Some(expected) => diesel::update(target.filter(deliveries::auto_attempts.eq(expected)))
-            .set((
-                deliveries::attempt_count.eq(deliveries::attempt_count + 1),
-                deliveries::auto_attempts.eq(deliveries::auto_attempts + auto_increment),
-                deliveries::state.eq(record.state.as_str()),
-                deliveries::next_attempt_at.eq(record.next_attempt_at),
-                deliveries::updated_at.eq(now),
-            ))
-            .returning(DeliveryRow::as_returning())
-            .get_result(conn)
-            .await
-            .optional()?,
-        None => diesel::update(target)
-            .set((
-                deliveries::attempt_count.eq(deliveries::attempt_count + 1),
-                deliveries::state.eq(record.state.as_str()),
-                deliveries::next_attempt_at.eq(record.next_attempt_at),
-                deliveries::updated_at.eq(now),
-            ))
-            .returning(DeliveryRow::as_returning())
-            .get_result(conn)
-            .await
-            .optional()?,
-    };
-    let Some(row) = updated else {
-        return Ok(None);
-    };
-    diesel::insert_into(attempts::table)
-        .values(attempt_row(record, row.attempt_count))
-        .execute(conn)
-        .await?;
-    Ok(Some(row.try_into()?))
 }
 
 /// Marks a delivery failed without an attempt (its webhook is gone or disabled).
