@@ -759,6 +759,16 @@ pub struct DeliveryDetail {
 
 /// One delivery with its attempts.
 pub async fn get_detail(conn: &mut AsyncPgConnection, id: Uuid) -> Result<DeliveryDetail, DbError> {
+    // One snapshot for the delivery and its attempts: read apart, an attempt committed between
+    // the two reads would show beside the state from before it.
+    conn.build_transaction()
+        .read_only()
+        .repeatable_read()
+        .run(async |conn| read_detail(conn, id).await)
+        .await
+}
+
+async fn read_detail(conn: &mut AsyncPgConnection, id: Uuid) -> Result<DeliveryDetail, DbError> {
     let delivery = get(conn, id).await?;
     let request_body: String = events::table
         .find(delivery.event_id)
