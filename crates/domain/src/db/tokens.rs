@@ -74,32 +74,34 @@ pub async fn authenticate_all(
         .select(InboundToken::as_select())
         .load(conn)
         .await?;
+    let matched: Vec<Option<&InboundToken>> = presented
+        .iter()
+        .map(|token| {
+            records
+                .iter()
+                .find(|r| r.lookup == token.lookup() && token.matches(&r.token_hash))
+        })
+        .collect();
     let now = OffsetDateTime::now_utc();
     // Written at most once a minute per token, to keep the hot path free of writes.
-    let stale: Vec<Uuid> = records
+    let mut stale: Vec<Uuid> = matched
         .iter()
+        .flatten()
         .filter(|r| {
-            presented.iter().any(|p| p.matches(&r.token_hash))
-                && r.last_used_at
-                    .is_none_or(|used| now - used > time::Duration::MINUTE)
+            r.last_used_at
+                .is_none_or(|used| now - used > time::Duration::MINUTE)
         })
         .map(|r| r.id)
         .collect();
+    stale.sort_unstable();
+    stale.dedup();
     if !stale.is_empty() {
         diesel::update(inbound_tokens::table.filter(inbound_tokens::id.eq_any(&stale)))
             .set(inbound_tokens::last_used_at.eq(now))
             .execute(conn)
             .await?;
     }
-    Ok(presented
-        .iter()
-        .map(|token| {
-            records
-                .iter()
-                .find(|r| r.lookup == token.lookup() && token.matches(&r.token_hash))
-                .map(|r| r.id)
-        })
-        .collect())
+    Ok(matched.iter().map(|r| r.map(|r| r.id)).collect())
 }
 
 /// Tokens, newest first, revoked ones included.
