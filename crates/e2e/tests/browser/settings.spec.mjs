@@ -196,6 +196,8 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     firstSecret = await page.locator("#secret").inputValue();
     assert.match(firstSecret, /^whsec_[A-Za-z0-9+/=]+$/);
     await page.getByRole("button", { name: "Copy" }).click();
+    // The copy handler awaits the clipboard before it writes its status.
+    await page.waitForFunction(() => document.getElementById("copy-status").textContent.trim() !== "");
     assert.equal(await text("#copy-status"), "Copied to the clipboard.");
     assert.equal(await page.evaluate(() => navigator.clipboard.readText()), firstSecret);
     await page.getByRole("heading", { name: "How to verify a delivery" }).waitFor();
