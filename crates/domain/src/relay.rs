@@ -4,6 +4,11 @@
 //! serialises notifying commits), across processes by PostgreSQL `NOTIFY` (admin's writes), and
 //! it polls as a fallback. Several relays may run at once: rows are claimed with `FOR UPDATE SKIP LOCKED`.
 //! While RabbitMQ is down the rows wait, and are published once it is back.
+//!
+//! The relay works on a connection of its own with `synchronous_commit = off`: its only write
+//! is the mark of rows already published and confirmed, and a mark lost in a PostgreSQL crash
+//! means those rows are published again, which fan-out and attempts absorb (at-least-once,
+//! DESIGN §2). Not waiting for the WAL flush keeps the relay's pass short.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +17,7 @@ use anyhow::Context;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use futures::StreamExt;
 use prometheus::{IntCounter, IntGauge, Registry};
-use tokio::sync::Notify;
+use tokio::sync::{Mutex, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::amqp::topology::{DELIVERY_ROUTING_KEY, EVENT_ROUTING_KEY};
@@ -67,6 +72,9 @@ pub struct OutboxRelay {
     wake: Arc<Notify>,
     poll_interval: Duration,
     metrics: RelayMetrics,
+    /// The relay's own connection (asynchronous commit), opened on first use and again after
+    /// a failure.
+    conn: Arc<Mutex<Option<AsyncPgConnection>>>,
 }
 
 impl OutboxRelay {
@@ -84,6 +92,7 @@ impl OutboxRelay {
             wake: Arc::new(Notify::new()),
             poll_interval,
             metrics: RelayMetrics::new(registry)?,
+            conn: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -153,27 +162,50 @@ impl OutboxRelay {
     }
 
     async fn publish_batch(&self) -> anyhow::Result<usize> {
-        let mut conn = self.pool.get().await.map_err(DbError::from)?;
-        let broker = &self.broker;
-        let published = conn
-            .transaction::<_, anyhow::Error, _>(async |conn| {
-                let rows = outbox::claim_unpublished(conn, BATCH).await?;
-                if rows.is_empty() {
-                    self.metrics.backlog.set(0);
-                    return Ok(0);
-                }
-                let messages: Vec<Outgoing> = rows.iter().map(|row| self.outgoing(row)).collect();
-                broker
-                    .publish_all(&messages)
-                    .await
-                    .context("publishing outbox rows")?;
-                let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
-                outbox::mark_published(conn, &ids).await?;
-                Ok(rows.len())
-            })
-            .await?;
+        let mut guard = self.conn.lock().await;
+        let conn = match guard.as_mut() {
+            Some(conn) => conn,
+            None => guard.insert(self.connect().await?),
+        };
+        let result = self.publish_on(conn).await;
+        if result.is_err() {
+            // The connection may be broken or mid-transaction: open a fresh one next time.
+            *guard = None;
+        }
+        let published = result?;
         self.metrics.published.inc_by(published as u64);
         Ok(published)
+    }
+
+    /// Opens the relay's connection: asynchronous commit for its marks (see the module doc).
+    async fn connect(&self) -> anyhow::Result<AsyncPgConnection> {
+        let mut conn = AsyncPgConnection::establish(&self.database_url)
+            .await
+            .map_err(|e| DbError::Unavailable(e.to_string()))
+            .context("connecting the outbox relay")?;
+        diesel::sql_query("SET synchronous_commit = off")
+            .execute(&mut conn)
+            .await
+            .map_err(DbError::from)?;
+        Ok(conn)
+    }
+
+    async fn publish_on(&self, conn: &mut AsyncPgConnection) -> anyhow::Result<usize> {
+        let broker = &self.broker;
+        conn.transaction::<_, anyhow::Error, _>(async |conn| {
+            let rows = outbox::claim_and_mark(conn, BATCH).await?;
+            if rows.is_empty() {
+                self.metrics.backlog.set(0);
+                return Ok(0);
+            }
+            let messages: Vec<Outgoing> = rows.iter().map(|row| self.outgoing(row)).collect();
+            broker
+                .publish_all(&messages)
+                .await
+                .context("publishing outbox rows")?;
+            Ok(rows.len())
+        })
+        .await
     }
 
     fn outgoing(&self, row: &OutboxRow) -> Outgoing {

@@ -12,6 +12,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::schema::{attempts, deliveries, events, webhooks};
+use super::statement::Statement;
 use super::webhooks::Webhook;
 use super::{Cursor, DbError, Page};
 use crate::amqp::messages::Trigger;
@@ -248,57 +249,91 @@ pub struct FannedOut {
     pub to_enqueue: Vec<Uuid>,
 }
 
-/// Fans out several events in one transaction (one commit for all: the dispatcher gathers the
-/// events it receives concurrently). An event given twice is fanned out once; its second copy
-/// gets nothing to enqueue.
+/// Fans out several events with one statement (the dispatcher gathers the events it receives
+/// concurrently): subscribers are found and their deliveries inserted in one round trip. An
+/// event given twice is fanned out once; its second copy gets nothing to enqueue.
+///
+/// No transaction spans the statement and the follow-up read of a redelivered event: the
+/// insert is idempotent, and a redelivered event re-enqueues whatever still waits for its first
+/// attempt, so a failure between the two loses nothing.
 pub async fn fan_out(
     conn: &mut AsyncPgConnection,
     events: &[FanOut],
 ) -> Result<Vec<FannedOut>, DbError> {
-    conn.transaction::<_, DbError, _>(async |conn| {
-        let mut subscribers: HashMap<EventKind, Vec<Uuid>> = HashMap::new();
-        let mut first_copy: HashMap<Uuid, usize> = HashMap::new();
-        let mut meta = HashMap::new();
-        let mut pairs = Vec::new();
-        for (index, event) in events.iter().enumerate() {
-            if first_copy.contains_key(&event.event_id) {
-                continue;
-            }
-            first_copy.insert(event.event_id, index);
-            meta.insert(event.event_id, (event.kind, event.incident_id));
-            let targets = match event.test_webhook_id {
-                Some(id) => match super::webhooks::get(conn, id).await {
-                    Ok(webhook) => vec![webhook.id],
-                    Err(DbError::NotFound) => Vec::new(),
-                    Err(error) => return Err(error),
-                },
-                None => match subscribers.get(&event.kind) {
-                    Some(ids) => ids.clone(),
-                    None => {
-                        let ids = super::webhooks::subscribed_to(conn, event.kind).await?;
-                        subscribers.insert(event.kind, ids.clone());
-                        ids
-                    }
-                },
-            };
-            pairs.extend(targets.into_iter().map(|webhook| (event.event_id, webhook)));
+    use diesel::sql_types::{Array, Nullable, Text, Timestamptz};
+    let mut first_copy: HashMap<Uuid, usize> = HashMap::new();
+    for (index, event) in events.iter().enumerate() {
+        first_copy.entry(event.event_id).or_insert(index);
+    }
+    let firsts: Vec<&FanOut> = events
+        .iter()
+        .enumerate()
+        .filter(|(index, event)| first_copy.get(&event.event_id) == Some(index))
+        .map(|(_, event)| event)
+        .collect();
+    let ids: Vec<Uuid> = firsts.iter().map(|e| e.event_id).collect();
+    let kinds: Vec<&str> = firsts.iter().map(|e| e.kind.as_str()).collect();
+    let incidents: Vec<Uuid> = firsts.iter().map(|e| e.incident_id).collect();
+    let tests: Vec<Option<Uuid>> = firsts.iter().map(|e| e.test_webhook_id).collect();
+    let created: Vec<CreatedDelivery> = Statement::new(FAN_OUT_SQL)
+        .bind::<Array<diesel::sql_types::Uuid>, _>(&ids)
+        .bind::<Array<Text>, _>(&kinds)
+        .bind::<Array<diesel::sql_types::Uuid>, _>(&incidents)
+        .bind::<Array<Nullable<diesel::sql_types::Uuid>>, _>(&tests)
+        .bind::<Timestamptz, _>(OffsetDateTime::now_utc())
+        .load(conn)
+        .await?;
+    let mut results = vec![FannedOut::default(); events.len()];
+    for row in created {
+        if let Some(&index) = first_copy.get(&row.event_id) {
+            results[index].created += 1;
+            results[index].to_enqueue.push(row.id);
         }
-        let mut results = vec![FannedOut::default(); events.len()];
-        for (delivery_id, event_id) in insert_pending(conn, &pairs, &meta).await? {
-            if let Some(&index) = first_copy.get(&event_id) {
-                results[index].created += 1;
-                results[index].to_enqueue.push(delivery_id);
-            }
+    }
+    for (index, event) in events.iter().enumerate() {
+        if event.redelivered && first_copy.get(&event.event_id) == Some(&index) {
+            results[index].to_enqueue = waiting_for_first_attempt(conn, event.event_id).await?;
         }
-        for (index, event) in events.iter().enumerate() {
-            if event.redelivered && first_copy.get(&event.event_id) == Some(&index) {
-                results[index].to_enqueue = waiting_for_first_attempt(conn, event.event_id).await?;
-            }
-        }
-        Ok(results)
-    })
-    .await
+    }
+    Ok(results)
 }
+
+#[derive(QueryableByName)]
+struct CreatedDelivery {
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    id: Uuid,
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    event_id: Uuid,
+}
+
+/// One pending delivery per (event, target): every enabled, undeleted webhook subscribed to the
+/// event's kind, or for a test event its one undeleted webhook. Ids are UUIDv7 made in SQL (a
+/// millisecond timestamp, then random bits), like those made in Rust. Rows are inserted in key
+/// order, so that concurrent fan-outs wait for each other's rows in one order.
+const FAN_OUT_SQL: &str = "\
+WITH input AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::uuid[])
+        AS v(event_id, kind, incident_id, test_webhook_id)
+), targets AS (
+    SELECT v.event_id, v.kind, v.incident_id, w.id AS webhook_id
+    FROM input v JOIN webhooks w
+        ON w.deleted_at IS NULL AND w.enabled AND w.events @> ARRAY[v.kind]
+    WHERE v.test_webhook_id IS NULL
+    UNION ALL
+    SELECT v.event_id, v.kind, v.incident_id, w.id
+    FROM input v JOIN webhooks w ON w.id = v.test_webhook_id AND w.deleted_at IS NULL
+)
+INSERT INTO deliveries
+    (id, webhook_id, event_id, event, incident_id, state, next_attempt_at, created_at, updated_at)
+SELECT
+    encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+        PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+        FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid,
+    t.webhook_id, t.event_id, t.kind, t.incident_id, 'pending', $5, $5, $5
+FROM targets t
+ORDER BY t.event_id, t.webhook_id
+ON CONFLICT (event_id, webhook_id) DO NOTHING
+RETURNING id, event_id";
 
 /// Everything needed to make an attempt.
 #[derive(Debug, Clone)]
@@ -472,31 +507,47 @@ pub async fn record_attempt(
         .flatten())
 }
 
-/// Logs several attempts as [`record_attempt`] does each, in one transaction of two statements
-/// (the dispatcher gathers the attempts that finish concurrently).
+/// Logs several attempts as [`record_attempt`] does each (the dispatcher gathers the attempts
+/// that finish concurrently): one statement moves the deliveries and inserts the attempt rows,
+/// a single round trip that commits on its own.
 pub async fn record_attempts(
     conn: &mut AsyncPgConnection,
     records: &[AttemptRecord],
 ) -> Result<Vec<Option<Delivery>>, DbError> {
+    let rounds = rounds(records);
+    let mut answers = vec![None; records.len()];
+    if let [round] = rounds.as_slice() {
+        record_round(conn, records, round, &mut answers).await?;
+        return Ok(answers);
+    }
+    // A delivery given twice (a duplicate message) is logged in rounds, so that its second
+    // copy sees what the first did; the rounds share one transaction, so that a batch retried
+    // item by item after a failure does not log a manual attempt twice.
     conn.transaction::<_, DbError, _>(async |conn| {
-        let mut answers = vec![None; records.len()];
-        // A delivery given twice (a duplicate message) is logged in rounds, so that its second
-        // copy sees what the first did: each round holds the first copy of each delivery left.
-        let mut left: Vec<usize> = (0..records.len()).collect();
-        while !left.is_empty() {
-            let mut seen = std::collections::HashSet::new();
-            let (round, later): (Vec<usize>, Vec<usize>) = left
-                .into_iter()
-                .partition(|&index| seen.insert(records[index].delivery_id));
-            record_round(conn, records, &round, &mut answers).await?;
-            left = later;
+        for round in &rounds {
+            record_round(conn, records, round, &mut answers).await?;
         }
         Ok(answers)
     })
     .await
 }
 
-/// Logs `records[index]` for each of `indexes` (distinct deliveries) with two statements,
+/// Splits record indexes into rounds, each holding the first copy of each delivery left.
+fn rounds(records: &[AttemptRecord]) -> Vec<Vec<usize>> {
+    let mut rounds = Vec::new();
+    let mut left: Vec<usize> = (0..records.len()).collect();
+    while !left.is_empty() {
+        let mut seen = std::collections::HashSet::new();
+        let (round, later): (Vec<usize>, Vec<usize>) = left
+            .into_iter()
+            .partition(|&index| seen.insert(records[index].delivery_id));
+        rounds.push(round);
+        left = later;
+    }
+    rounds
+}
+
+/// Logs `records[index]` for each of `indexes` (distinct deliveries) with one statement,
 /// writing each moved delivery into `answers`.
 async fn record_round(
     conn: &mut AsyncPgConnection,
@@ -504,7 +555,7 @@ async fn record_round(
     indexes: &[usize],
     answers: &mut [Option<Delivery>],
 ) -> Result<(), DbError> {
-    use diesel::sql_types::{Array, Int4, Nullable, Text, Timestamptz};
+    use diesel::sql_types::{Array, Bool, Int4, Jsonb, Nullable, Text, Timestamptz};
     let round: Vec<&AttemptRecord> = indexes.iter().map(|&index| &records[index]).collect();
     let ids: Vec<Uuid> = round.iter().map(|r| r.delivery_id).collect();
     let expected: Vec<Option<i32>> = round.iter().map(|r| r.expected_auto_attempts).collect();
@@ -514,30 +565,47 @@ async fn record_round(
         .collect();
     let states: Vec<&str> = round.iter().map(|r| r.state.as_str()).collect();
     let next: Vec<Option<OffsetDateTime>> = round.iter().map(|r| r.next_attempt_at).collect();
-    let updated: Vec<DeliveryRow> = diesel::sql_query(RECORD_ATTEMPTS_SQL)
+    let attempts: Vec<&NewAttempt> = round.iter().map(|r| &r.attempt).collect();
+    let triggers: Vec<&str> = attempts.iter().map(|a| a.trigger.as_str()).collect();
+    let started: Vec<OffsetDateTime> = attempts.iter().map(|a| a.started_at).collect();
+    let success: Vec<bool> = attempts.iter().map(|a| a.success).collect();
+    let status: Vec<Option<i32>> = attempts
+        .iter()
+        .map(|a| a.status_code.map(i32::from))
+        .collect();
+    let duration: Vec<i32> = attempts.iter().map(|a| a.duration_ms).collect();
+    let errors: Vec<Option<&str>> = attempts
+        .iter()
+        .map(|a| a.error.map(AttemptError::as_str))
+        .collect();
+    let details: Vec<Option<&str>> = attempts.iter().map(|a| a.error_detail.as_deref()).collect();
+    let headers: Vec<&serde_json::Value> = attempts.iter().map(|a| &a.request_headers).collect();
+    let bodies: Vec<Option<&str>> = attempts
+        .iter()
+        .map(|a| a.response_body.as_deref())
+        .collect();
+    let truncated: Vec<bool> = attempts.iter().map(|a| a.response_truncated).collect();
+    let updated: Vec<DeliveryRow> = Statement::new(RECORD_ATTEMPTS_SQL)
         .bind::<Array<diesel::sql_types::Uuid>, _>(&ids)
         .bind::<Array<Nullable<Int4>>, _>(&expected)
         .bind::<Array<Int4>, _>(&auto_increment)
         .bind::<Array<Text>, _>(&states)
         .bind::<Array<Nullable<Timestamptz>>, _>(&next)
         .bind::<Timestamptz, _>(OffsetDateTime::now_utc())
+        .bind::<Array<Text>, _>(&triggers)
+        .bind::<Array<Timestamptz>, _>(&started)
+        .bind::<Array<Bool>, _>(&success)
+        .bind::<Array<Nullable<Int4>>, _>(&status)
+        .bind::<Array<Int4>, _>(&duration)
+        .bind::<Array<Nullable<Text>>, _>(&errors)
+        .bind::<Array<Nullable<Text>>, _>(&details)
+        .bind::<Array<Jsonb>, _>(&headers)
+        .bind::<Array<Nullable<Text>>, _>(&bodies)
+        .bind::<Array<Bool>, _>(&truncated)
         .load(conn)
         .await?;
     let updated: HashMap<Uuid, DeliveryRow> =
         updated.into_iter().map(|row| (row.id, row)).collect();
-    let rows: Vec<_> = round
-        .iter()
-        .filter_map(|record| {
-            let number = updated.get(&record.delivery_id)?.attempt_count;
-            Some(attempt_row(record, number))
-        })
-        .collect();
-    if !rows.is_empty() {
-        diesel::insert_into(attempts::table)
-            .values(&rows)
-            .execute(conn)
-            .await?;
-    }
     for (&index, record) in indexes.iter().zip(&round) {
         if let Some(row) = updated.get(&record.delivery_id) {
             answers[index] = Some(row.clone().try_into()?);
@@ -546,63 +614,41 @@ async fn record_round(
     Ok(())
 }
 
-/// Moves a batch of deliveries after their attempts. Rows are locked in id order, as
-/// everywhere deliveries are locked in bulk, so that concurrent batches cannot deadlock. An
-/// automatic attempt only moves a delivery whose automatic attempts are still those the caller
-/// saw (another worker may have logged that attempt meanwhile).
+/// Moves a batch of deliveries after their attempts and logs each attempt, numbered by the
+/// delivery's new attempt count. Rows are locked in id order, as everywhere deliveries are
+/// locked in bulk, so that concurrent batches cannot deadlock. An automatic attempt only moves
+/// a delivery whose automatic attempts are still those the caller saw (another worker may have
+/// logged that attempt meanwhile); its attempt row is then not written either.
 const RECORD_ATTEMPTS_SQL: &str = "\
 WITH input AS (
-    SELECT * FROM unnest($1::uuid[], $2::int4[], $3::int4[], $4::text[], $5::timestamptz[])
-        AS v(id, expected, auto_increment, state, next_attempt_at)
+    SELECT * FROM unnest($1::uuid[], $2::int4[], $3::int4[], $4::text[], $5::timestamptz[],
+            $7::text[], $8::timestamptz[], $9::bool[], $10::int4[], $11::int4[], $12::text[],
+            $13::text[], $14::jsonb[], $15::text[], $16::bool[])
+        AS v(id, expected, auto_increment, state, next_attempt_at,
+            trigger, started_at, success, status_code, duration_ms, error,
+            error_detail, request_headers, response_body, response_truncated)
 ), locked AS (
     SELECT d.id FROM deliveries d JOIN input v ON v.id = d.id ORDER BY d.id FOR UPDATE OF d
+), moved AS (
+    UPDATE deliveries AS d SET
+        attempt_count = d.attempt_count + 1,
+        auto_attempts = d.auto_attempts + v.auto_increment,
+        state = v.state,
+        next_attempt_at = v.next_attempt_at,
+        updated_at = $6
+    FROM input v, locked l
+    WHERE d.id = v.id AND l.id = d.id AND (v.expected IS NULL OR d.auto_attempts = v.expected)
+    RETURNING d.id, d.webhook_id, d.event_id, d.event, d.incident_id, d.state, d.attempt_count,
+        d.auto_attempts, d.next_attempt_at, d.created_at, d.updated_at
+), logged AS (
+    INSERT INTO attempts (delivery_id, number, trigger, started_at, success, status_code,
+        duration_ms, error, error_detail, request_headers, response_body, response_truncated)
+    SELECT m.id, m.attempt_count, v.trigger, v.started_at, v.success, v.status_code,
+        v.duration_ms, v.error, v.error_detail, v.request_headers, v.response_body,
+        v.response_truncated
+    FROM moved m JOIN input v ON v.id = m.id
 )
-UPDATE deliveries AS d SET
-    attempt_count = d.attempt_count + 1,
-    auto_attempts = d.auto_attempts + v.auto_increment,
-    state = v.state,
-    next_attempt_at = v.next_attempt_at,
-    updated_at = $6
-FROM input v, locked l
-WHERE d.id = v.id AND l.id = d.id AND (v.expected IS NULL OR d.auto_attempts = v.expected)
-RETURNING d.id, d.webhook_id, d.event_id, d.event, d.incident_id, d.state, d.attempt_count,
-    d.auto_attempts, d.next_attempt_at, d.created_at, d.updated_at";
-
-/// The attempt row of `record`, numbered `number`.
-#[allow(clippy::type_complexity)]
-fn attempt_row(
-    record: &AttemptRecord,
-    number: i32,
-) -> (
-    diesel::dsl::Eq<attempts::delivery_id, Uuid>,
-    diesel::dsl::Eq<attempts::number, i32>,
-    diesel::dsl::Eq<attempts::trigger, &'static str>,
-    diesel::dsl::Eq<attempts::started_at, OffsetDateTime>,
-    diesel::dsl::Eq<attempts::success, bool>,
-    diesel::dsl::Eq<attempts::status_code, Option<i32>>,
-    diesel::dsl::Eq<attempts::duration_ms, i32>,
-    diesel::dsl::Eq<attempts::error, Option<&'static str>>,
-    diesel::dsl::Eq<attempts::error_detail, Option<&str>>,
-    diesel::dsl::Eq<attempts::request_headers, &serde_json::Value>,
-    diesel::dsl::Eq<attempts::response_body, Option<&str>>,
-    diesel::dsl::Eq<attempts::response_truncated, bool>,
-) {
-    let attempt = &record.attempt;
-    (
-        attempts::delivery_id.eq(record.delivery_id),
-        attempts::number.eq(number),
-        attempts::trigger.eq(attempt.trigger.as_str()),
-        attempts::started_at.eq(attempt.started_at),
-        attempts::success.eq(attempt.success),
-        attempts::status_code.eq(attempt.status_code.map(i32::from)),
-        attempts::duration_ms.eq(attempt.duration_ms),
-        attempts::error.eq(attempt.error.map(AttemptError::as_str)),
-        attempts::error_detail.eq(attempt.error_detail.as_deref()),
-        attempts::request_headers.eq(&attempt.request_headers),
-        attempts::response_body.eq(attempt.response_body.as_deref()),
-        attempts::response_truncated.eq(attempt.response_truncated),
-    )
-}
+SELECT * FROM moved";
 
 /// Marks a delivery failed without an attempt (its webhook is gone or disabled).
 pub async fn mark_failed(conn: &mut AsyncPgConnection, id: Uuid) -> Result<(), DbError> {

@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use super::outbox::{self, NewEvent, Wake};
 use super::schema::incidents;
+use super::statement::Statement;
 use super::{Cursor, DbError, Page};
 use crate::alerts::{AlertAction, AlertSignal};
 use crate::{EventKind, EventPayload, IncidentData, IncidentStatus, Severity, TransitionError};
@@ -147,7 +148,11 @@ pub async fn apply_alerts(
     wake: Wake,
 ) -> Result<Vec<Vec<SignalOutcome>>, DbError> {
     conn.transaction::<_, DbError, _>(async |conn| {
-        let now = OffsetDateTime::now_utc();
+        // The database keeps microseconds: outcomes then hold what a read gives back.
+        let now = truncate_to_micros(OffsetDateTime::now_utc());
+        if let Some(answers) = open_all(conn, bodies, now, wake).await? {
+            return Ok(answers);
+        }
         // Keys are locked in key order, so that concurrent batches cannot deadlock; the sort is
         // stable, so signals for one key keep the order they came in.
         let mut order: Vec<(usize, usize)> = bodies
@@ -178,6 +183,147 @@ pub async fn apply_alerts(
     })
     .await
 }
+
+fn truncate_to_micros(at: OffsetDateTime) -> OffsetDateTime {
+    at.replace_nanosecond(at.nanosecond() / 1_000 * 1_000)
+        .unwrap_or(at)
+}
+
+/// The common case in one statement: when every signal of the batch is a trigger and no key
+/// comes twice, the incidents, their `incidents.opened` events and their outbox rows are
+/// inserted together (one round trip instead of one per signal). A key that already has an open
+/// incident is then applied as usual. Any other batch gives `None`, and is applied signal by
+/// signal, where the order of signals for one key matters.
+async fn open_all(
+    conn: &mut AsyncPgConnection,
+    bodies: &[Vec<AlertSignal>],
+    now: OffsetDateTime,
+    wake: Wake,
+) -> Result<Option<Vec<Vec<SignalOutcome>>>, DbError> {
+    use diesel::sql_types::{Array, Bytea, Int4, Nullable, Text, Timestamptz};
+    let signals: Vec<&AlertSignal> = bodies.iter().flatten().collect();
+    let mut keys: Vec<&str> = signals.iter().map(|s| s.dedup_key.as_str()).collect();
+    keys.sort_unstable();
+    let distinct = keys.windows(2).all(|pair| pair[0] != pair[1]);
+    if !distinct || signals.iter().any(|s| s.action != AlertAction::Trigger) {
+        return Ok(None);
+    }
+    // Each signal as the incident it would open, with the event that would announce it.
+    let opening: Vec<(Incident, NewEvent)> = signals
+        .iter()
+        .map(|signal| {
+            let incident = Incident {
+                id: Uuid::now_v7(),
+                dedup_key: signal.dedup_key.clone(),
+                title: signal.title.as_str().to_owned(),
+                severity: signal.severity,
+                status: IncidentStatus::Triggered,
+                source: signal.source.clone(),
+                description: signal.description.clone(),
+                created_at: now,
+                updated_at: now,
+                resolved_at: None,
+            };
+            let mut events = events_for(&incident, Change::Opened, now);
+            let event = events.pop().expect("an opened incident has its event");
+            (incident, event)
+        })
+        .collect();
+    let column = |f: fn(&(Incident, NewEvent)) -> Option<&str>| -> Vec<Option<&str>> {
+        opening.iter().map(f).collect()
+    };
+    let ids: Vec<Uuid> = opening.iter().map(|(i, _)| i.id).collect();
+    let dedup_keys: Vec<&str> = opening.iter().map(|(i, _)| i.dedup_key.as_str()).collect();
+    let titles: Vec<&str> = opening.iter().map(|(i, _)| i.title.as_str()).collect();
+    let severities: Vec<&str> = opening.iter().map(|(i, _)| i.severity.as_str()).collect();
+    let sources = column(|(i, _)| i.source.as_deref());
+    let descriptions = column(|(i, _)| i.description.as_deref());
+    let event_ids: Vec<Uuid> = opening.iter().map(|(_, e)| e.id).collect();
+    let event_bodies: Vec<&str> = opening.iter().map(|(_, e)| e.body.as_str()).collect();
+    let payloads: Vec<Vec<u8>> = opening.iter().map(|(_, e)| e.outbox_payload()).collect();
+    let arrival: Vec<i32> = (0..opening.len())
+        .map(|n| i32::try_from(n).unwrap_or(i32::MAX))
+        .collect();
+    let opened: Vec<OpenedId> = Statement::new(OPEN_ALL_SQL)
+        .bind::<Array<diesel::sql_types::Uuid>, _>(&ids)
+        .bind::<Array<Text>, _>(&dedup_keys)
+        .bind::<Array<Text>, _>(&titles)
+        .bind::<Array<Text>, _>(&severities)
+        .bind::<Array<Nullable<Text>>, _>(&sources)
+        .bind::<Array<Nullable<Text>>, _>(&descriptions)
+        .bind::<Array<diesel::sql_types::Uuid>, _>(&event_ids)
+        .bind::<Array<Text>, _>(&event_bodies)
+        .bind::<Array<Bytea>, _>(&payloads)
+        .bind::<Array<Int4>, _>(&arrival)
+        .bind::<Timestamptz, _>(now)
+        .load(conn)
+        .await?;
+    let opened: std::collections::HashSet<Uuid> = opened.into_iter().map(|row| row.id).collect();
+    // Keys with an open incident already, in key order as everywhere keys are locked.
+    let mut taken: Vec<usize> = (0..signals.len())
+        .filter(|&n| !opened.contains(&opening[n].0.id))
+        .collect();
+    taken.sort_by(|&a, &b| signals[a].dedup_key.cmp(&signals[b].dedup_key));
+    let mut outcomes: Vec<Option<SignalOutcome>> = vec![None; signals.len()];
+    let mut late_events = Vec::new();
+    for n in taken {
+        let outcome = apply_one(conn, signals[n], now).await?;
+        late_events.extend(outcome.events.iter().cloned());
+        outcomes[n] = Some(outcome);
+    }
+    outbox::record_events(conn, &late_events, wake).await?;
+    if !opened.is_empty() {
+        outbox::wake_relays(conn, wake).await?;
+    }
+    let mut flat = outcomes.into_iter().zip(opening).zip(&signals).map(
+        |((outcome, (incident, event)), signal)| {
+            outcome.unwrap_or_else(|| SignalOutcome {
+                dedup_key: signal.dedup_key.clone(),
+                action: signal.action,
+                change: Change::Opened,
+                incident: Some(incident),
+                events: vec![event],
+            })
+        },
+    );
+    Ok(Some(
+        bodies
+            .iter()
+            .map(|signals| flat.by_ref().take(signals.len()).collect())
+            .collect(),
+    ))
+}
+
+#[derive(QueryableByName)]
+struct OpenedId {
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    id: Uuid,
+}
+
+/// Opens an incident for each key without an open one, with its event and outbox row. Keys
+/// are inserted in key order (concurrent batches wait for each other in one order), outbox rows
+/// in the order the alerts came in. The conflict target's predicate is a literal: PostgreSQL
+/// must match the partial index when planning, which a bound parameter does not allow.
+const OPEN_ALL_SQL: &str = "\
+WITH input AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+            $7::uuid[], $8::text[], $9::bytea[], $10::int4[])
+        AS v(id, dedup_key, title, severity, source, description, event_id, body, payload, arrival)
+), opened AS (
+    INSERT INTO incidents
+        (id, dedup_key, title, severity, status, source, description, created_at, updated_at)
+    SELECT id, dedup_key, title, severity, 'triggered', source, description, $11, $11
+    FROM input ORDER BY dedup_key
+    ON CONFLICT (dedup_key) WHERE status <> 'resolved' DO NOTHING
+    RETURNING id
+), recorded AS (
+    INSERT INTO events (id, kind, incident_id, occurred_at, body)
+    SELECT v.event_id, 'incidents.opened', v.id, $11, v.body FROM input v JOIN opened o ON o.id = v.id
+), queued AS (
+    INSERT INTO outbox (topic, payload)
+    SELECT 'event', v.payload FROM input v JOIN opened o ON o.id = v.id ORDER BY v.arrival
+)
+SELECT id FROM opened";
 
 async fn open_incident_for_update(
     conn: &mut AsyncPgConnection,

@@ -7,6 +7,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::schema::{events, outbox};
+use super::statement::Statement;
 use super::DbError;
 use crate::amqp::messages::{DeliveryMessage, EventMessage, Trigger};
 use crate::{EventKind, EventPayload};
@@ -54,6 +55,11 @@ impl NewEvent {
             body: payload.to_body(),
             test_webhook_id,
         }
+    }
+
+    /// The outbox row's payload: the message the relay publishes for this event.
+    pub fn outbox_payload(&self) -> Vec<u8> {
+        self.message().to_bytes()
     }
 
     fn message(&self) -> EventMessage {
@@ -109,7 +115,7 @@ pub async fn record_events(
         .map(|e| {
             (
                 outbox::topic.eq(Topic::Event.as_str()),
-                outbox::payload.eq(e.message().to_bytes()),
+                outbox::payload.eq(e.outbox_payload()),
             )
         })
         .collect();
@@ -117,6 +123,11 @@ pub async fn record_events(
         .values(&outbox_rows)
         .execute(conn)
         .await?;
+    wake_relays(conn, wake).await
+}
+
+/// Tells relays, as `wake` says, about outbox rows written in this transaction.
+pub async fn wake_relays(conn: &mut AsyncPgConnection, wake: Wake) -> Result<(), DbError> {
     match wake {
         Wake::Listeners => notify(conn).await,
         Wake::Caller => Ok(()),
@@ -159,7 +170,8 @@ async fn notify(conn: &mut AsyncPgConnection) -> Result<(), DbError> {
 }
 
 /// An outbox row waiting to be published.
-#[derive(Debug, Clone, Queryable)]
+#[derive(Debug, Clone, Queryable, QueryableByName)]
+#[diesel(table_name = outbox)]
 pub struct OutboxRow {
     pub id: i64,
     pub topic: String,
@@ -177,31 +189,29 @@ impl OutboxRow {
     }
 }
 
-/// Locks up to `limit` unpublished rows, oldest first, skipping rows another relay holds.
-/// Call inside a transaction; the locks last until it ends.
-pub async fn claim_unpublished(
+/// Claims up to `limit` unpublished rows, oldest first, skipping rows another relay holds, and
+/// marks them published in the same statement: call inside a transaction, publish the rows,
+/// then commit (the mark stands) or roll back (the rows wait for the next pass). The locks last
+/// until the transaction ends. Rows come back in id order.
+pub async fn claim_and_mark(
     conn: &mut AsyncPgConnection,
     limit: i64,
 ) -> Result<Vec<OutboxRow>, DbError> {
-    Ok(outbox::table
-        .filter(outbox::published_at.is_null())
-        .order(outbox::id)
-        .limit(limit)
-        .select((outbox::id, outbox::topic, outbox::headers, outbox::payload))
-        .for_update()
-        .skip_locked()
+    let mut rows: Vec<OutboxRow> = Statement::new(CLAIM_AND_MARK_SQL)
+        .bind::<diesel::sql_types::BigInt, _>(limit)
+        .bind::<diesel::sql_types::Timestamptz, _>(OffsetDateTime::now_utc())
         .load(conn)
-        .await?)
+        .await?;
+    rows.sort_unstable_by_key(|row| row.id);
+    Ok(rows)
 }
 
-/// Marks rows as published.
-pub async fn mark_published(conn: &mut AsyncPgConnection, ids: &[i64]) -> Result<(), DbError> {
-    diesel::update(outbox::table.filter(outbox::id.eq_any(ids)))
-        .set(outbox::published_at.eq(OffsetDateTime::now_utc()))
-        .execute(conn)
-        .await?;
-    Ok(())
-}
+const CLAIM_AND_MARK_SQL: &str = "\
+UPDATE outbox SET published_at = $2
+WHERE id IN (
+    SELECT id FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+)
+RETURNING id, topic, headers, payload";
 
 /// How many rows wait to be published.
 pub async fn backlog(conn: &mut AsyncPgConnection) -> Result<i64, DbError> {
