@@ -1,5 +1,7 @@
 //! Fan-out: one delivery per enabled webhook subscribed to the event's kind, recorded in
-//! PostgreSQL (a redelivered event creates none twice) and enqueued for its first attempt.
+//! PostgreSQL (a redelivered event creates none twice) and enqueued for its first attempt. A
+//! delivery to a webhook that this dispatcher finds slow and at its in-flight limit goes
+//! straight to the deferral queue: taken now, it would only be deferred there after a load.
 
 use std::sync::Arc;
 
@@ -35,7 +37,14 @@ async fn fan_out(ctx: &Context, event: &EventMessage, redelivered: bool) -> Outc
     };
     let messages: Vec<_> = to_enqueue
         .iter()
-        .map(|id| ctx.attempt_message(*id, 1))
+        .map(|waiting| {
+            if ctx.slots.is_slow(waiting.webhook_id) {
+                ctx.metrics.deferred.inc();
+                ctx.deferred_message(waiting.delivery_id, 1)
+            } else {
+                ctx.attempt_message(waiting.delivery_id, 1)
+            }
+        })
         .collect();
     if let Err(error) = ctx.broker.publish_all(&messages).await {
         tracing::warn!(%error, event_id = %event.event_id, "could not enqueue deliveries; the event will be redelivered");

@@ -67,6 +67,20 @@ impl WebhookSlots {
         }
     }
 
+    /// Whether `webhook` is at its limit and slow: an attempt for it now would be deferred.
+    pub fn is_slow(&self, webhook: Uuid) -> bool {
+        let Some(entry) = lock(&self.webhooks).get(&webhook).cloned() else {
+            return false;
+        };
+        let in_flight = lock(&entry.in_flight);
+        in_flight.started.len() >= self.limit
+            && in_flight
+                .started
+                .values()
+                .next()
+                .is_some_and(|started| started.elapsed() >= SLOW_AFTER)
+    }
+
     /// A slot for one request to `webhook`; `None` when the webhook is at its limit and slow,
     /// or no slot freed within `wait`.
     pub async fn take(&self, webhook: Uuid, wait: Duration) -> Option<Slot> {
@@ -107,6 +121,7 @@ mod tests {
         let slots = Arc::new(WebhookSlots::new(1));
         let (busy, other) = (Uuid::now_v7(), Uuid::now_v7());
         let held = slots.take(busy, SLOT_WAIT).await.unwrap();
+        assert!(!slots.is_slow(busy), "at its limit but quick");
         assert!(slots.take(other, SLOT_WAIT).await.is_some());
         let waiter = {
             let slots = slots.clone();
@@ -128,6 +143,11 @@ mod tests {
         // The clock is paused: the request in flight ages only when told to.
         tokio::time::advance(SLOW_AFTER).await;
         let asked = Instant::now();
+        assert!(slots.is_slow(slow));
+        assert!(
+            !slots.is_slow(Uuid::now_v7()),
+            "an unknown webhook is not slow"
+        );
         assert!(slots.take(slow, Duration::from_secs(30)).await.is_none());
         assert_eq!(asked.elapsed(), Duration::ZERO, "refused without waiting");
     }

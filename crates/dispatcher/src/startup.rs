@@ -115,6 +115,16 @@ impl Context {
         }
     }
 
+    /// A message asking for automatic attempt `attempt` once it has waited in the deferral
+    /// queue.
+    pub fn deferred_message(&self, delivery_id: Uuid, attempt: i32) -> Outgoing {
+        Outgoing {
+            exchange: String::new(),
+            routing_key: self.broker.topology().deferred_queue(),
+            ..self.attempt_message(delivery_id, attempt)
+        }
+    }
+
     /// A message asking for automatic attempt `attempt` after `delay`, through the retry queue
     /// of that delay (or at once for a zero delay).
     pub fn retry_message(&self, delivery_id: Uuid, attempt: i32, delay: Duration) -> Outgoing {

@@ -349,7 +349,10 @@ async fn attempts_logged_in_one_batch_move_each_delivery_as_alone() {
         "one delivery per event; the second copy creates none"
     );
     assert!(fanned[4].to_enqueue.is_empty());
-    let ids: Vec<uuid::Uuid> = fanned[..4].iter().map(|f| f.to_enqueue[0]).collect();
+    let ids: Vec<uuid::Uuid> = fanned[..4]
+        .iter()
+        .map(|f| f.to_enqueue[0].delivery_id)
+        .collect();
 
     let attempt = |trigger: Trigger, success: bool| NewAttempt {
         trigger,

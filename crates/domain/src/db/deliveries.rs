@@ -246,7 +246,16 @@ pub struct FannedOut {
     /// Deliveries created now.
     pub created: usize,
     /// Deliveries to enqueue for their first attempt.
-    pub to_enqueue: Vec<Uuid>,
+    pub to_enqueue: Vec<Waiting>,
+}
+
+/// A delivery waiting for its first attempt, and the webhook it goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, QueryableByName)]
+pub struct Waiting {
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    pub delivery_id: Uuid,
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    pub webhook_id: Uuid,
 }
 
 /// Fans out several events with one statement (the dispatcher gathers the events it receives
@@ -287,7 +296,10 @@ pub async fn fan_out(
     for row in created {
         if let Some(&index) = first_copy.get(&row.event_id) {
             results[index].created += 1;
-            results[index].to_enqueue.push(row.id);
+            results[index].to_enqueue.push(Waiting {
+                delivery_id: row.id,
+                webhook_id: row.webhook_id,
+            });
         }
     }
     for (index, event) in events.iter().enumerate() {
@@ -304,6 +316,8 @@ struct CreatedDelivery {
     id: Uuid,
     #[diesel(sql_type = diesel::sql_types::Uuid)]
     event_id: Uuid,
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    webhook_id: Uuid,
 }
 
 /// One pending delivery per (event, target): every enabled, undeleted webhook subscribed to the
@@ -333,7 +347,7 @@ SELECT
 FROM targets t
 ORDER BY t.event_id, t.webhook_id
 ON CONFLICT (event_id, webhook_id) DO NOTHING
-RETURNING id, event_id";
+RETURNING id, event_id, webhook_id";
 
 /// Everything needed to make an attempt.
 #[derive(Debug, Clone)]
@@ -401,14 +415,21 @@ pub async fn load_jobs(
 pub async fn waiting_for_first_attempt(
     conn: &mut AsyncPgConnection,
     event_id: Uuid,
-) -> Result<Vec<Uuid>, DbError> {
-    Ok(deliveries::table
+) -> Result<Vec<Waiting>, DbError> {
+    let rows: Vec<(Uuid, Uuid)> = deliveries::table
         .filter(deliveries::event_id.eq(event_id))
         .filter(deliveries::state.eq(DeliveryState::Pending.as_str()))
         .filter(deliveries::attempt_count.eq(0))
-        .select(deliveries::id)
+        .select((deliveries::id, deliveries::webhook_id))
         .load(conn)
-        .await?)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(delivery_id, webhook_id)| Waiting {
+            delivery_id,
+            webhook_id,
+        })
+        .collect())
 }
 
 /// One delivery.

@@ -147,12 +147,12 @@ pub async fn apply_alerts(
     bodies: &[Vec<AlertSignal>],
     wake: Wake,
 ) -> Result<Vec<Vec<SignalOutcome>>, DbError> {
+    // The database keeps microseconds: outcomes then hold what a read gives back.
+    let now = truncate_to_micros(OffsetDateTime::now_utc());
+    if let Some(answers) = open_all(conn, bodies, now, wake).await? {
+        return Ok(answers);
+    }
     conn.transaction::<_, DbError, _>(async |conn| {
-        // The database keeps microseconds: outcomes then hold what a read gives back.
-        let now = truncate_to_micros(OffsetDateTime::now_utc());
-        if let Some(answers) = open_all(conn, bodies, now, wake).await? {
-            return Ok(answers);
-        }
         // Keys are locked in key order, so that concurrent batches cannot deadlock; the sort is
         // stable, so signals for one key keep the order they came in.
         let mut order: Vec<(usize, usize)> = bodies
@@ -191,9 +191,11 @@ fn truncate_to_micros(at: OffsetDateTime) -> OffsetDateTime {
 
 /// The common case in one statement: when every signal of the batch is a trigger and no key
 /// comes twice, the incidents, their `incidents.opened` events and their outbox rows are
-/// inserted together (one round trip instead of one per signal). A key that already has an open
-/// incident is then applied as usual. Any other batch gives `None`, and is applied signal by
-/// signal, where the order of signals for one key matters.
+/// inserted together by one statement that commits on its own (one round trip instead of one
+/// per signal plus `BEGIN` and `COMMIT`). The keys that already had an open incident are then
+/// applied as usual, in a transaction of their own; a trigger for an open incident writes
+/// nothing unless that incident was resolved meanwhile. Any other batch gives `None`, and is
+/// applied signal by signal in one transaction, where the order of signals for one key matters.
 async fn open_all(
     conn: &mut AsyncPgConnection,
     bodies: &[Vec<AlertSignal>],
@@ -265,14 +267,27 @@ async fn open_all(
         .collect();
     taken.sort_by(|&a, &b| signals[a].dedup_key.cmp(&signals[b].dedup_key));
     let mut outcomes: Vec<Option<SignalOutcome>> = vec![None; signals.len()];
-    let mut late_events = Vec::new();
-    for n in taken {
-        let outcome = apply_one(conn, signals[n], now).await?;
-        late_events.extend(outcome.events.iter().cloned());
-        outcomes[n] = Some(outcome);
+    if !taken.is_empty() {
+        let applied = conn
+            .transaction::<_, DbError, _>(async |conn| {
+                let mut applied = Vec::with_capacity(taken.len());
+                for &n in &taken {
+                    applied.push(apply_one(conn, signals[n], now).await?);
+                }
+                let events: Vec<NewEvent> = applied
+                    .iter()
+                    .flat_map(|o| o.events.iter().cloned())
+                    .collect();
+                outbox::record_events(conn, &events, wake).await?;
+                Ok(applied)
+            })
+            .await?;
+        for (n, outcome) in taken.into_iter().zip(applied) {
+            outcomes[n] = Some(outcome);
+        }
     }
-    outbox::record_events(conn, &late_events, wake).await?;
     if !opened.is_empty() {
+        // After the statement's own commit: listeners find its rows.
         outbox::wake_relays(conn, wake).await?;
     }
     let mut flat = outcomes.into_iter().zip(opening).zip(&signals).map(
