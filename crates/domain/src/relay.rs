@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use futures::StreamExt;
 use prometheus::{IntCounter, IntGauge, Registry};
 use tokio::sync::{Mutex, Notify};
@@ -183,10 +183,12 @@ impl OutboxRelay {
             .await
             .map_err(|e| DbError::Unavailable(e.to_string()))
             .context("connecting the outbox relay")?;
-        diesel::sql_query("SET synchronous_commit = off")
-            .execute(&mut conn)
-            .await
-            .map_err(DbError::from)?;
+        conn.batch_execute(&format!(
+            "{}; SET synchronous_commit = off",
+            crate::db::SESSION_SETTINGS
+        ))
+        .await
+        .map_err(DbError::from)?;
         Ok(conn)
     }
 
