@@ -359,17 +359,3 @@ pub async fn rotate_secret(
     })
     .await
 }
-
-/// Ids of the enabled, undeleted webhooks subscribed to `kind`.
-pub async fn subscribed_to(
-    conn: &mut AsyncPgConnection,
-    kind: EventKind,
-) -> Result<Vec<Uuid>, DbError> {
-    Ok(webhooks::table
-        .filter(webhooks::deleted_at.is_null())
-        .filter(webhooks::enabled.eq(true))
-        .filter(webhooks::events.contains(vec![kind.as_str().to_owned()]))
-        .select(webhooks::id)
-        .load(conn)
-        .await?)
-}
