@@ -27,6 +27,8 @@ use crate::db::{DbError, DbPool};
 
 /// Rows published per transaction.
 const BATCH: i64 = 500;
+/// Longest the relay waits to open its connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest pause between attempts while PostgreSQL or RabbitMQ is failing.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -179,10 +181,16 @@ impl OutboxRelay {
 
     /// Opens the relay's connection: asynchronous commit for its marks (see the module doc).
     async fn connect(&self) -> anyhow::Result<AsyncPgConnection> {
-        let mut conn = AsyncPgConnection::establish(&self.database_url)
-            .await
-            .map_err(|e| DbError::Unavailable(e.to_string()))
-            .context("connecting the outbox relay")?;
+        // Bounded like the pool's connects, so an unreachable server fails the pass instead of
+        // stalling the relay.
+        let mut conn = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            AsyncPgConnection::establish(&self.database_url),
+        )
+        .await
+        .map_err(|_| DbError::Unavailable("connecting timed out".into()))
+        .and_then(|connected| connected.map_err(|e| DbError::Unavailable(e.to_string())))
+        .context("connecting the outbox relay")?;
         conn.batch_execute(&format!(
             "{}; SET synchronous_commit = off",
             crate::db::SESSION_SETTINGS
