@@ -13,14 +13,14 @@ use time::OffsetDateTime;
 use tocsin_domain::amqp::messages::{DeliveryMessage, Trigger, ATTEMPT_HEADER, TRIGGER_HEADER};
 use tocsin_domain::amqp::{header_int, header_str};
 use tocsin_domain::db::deliveries::{
-    self, next_state, AttemptError, AttemptRecord, DeliveryJob, DeliveryState, NewAttempt,
+    next_state, AttemptError, AttemptRecord, DeliveryJob, DeliveryState, NewAttempt,
 };
 use tocsin_domain::db::{self, DbError};
 use tocsin_domain::signing::{self, headers};
 
 use crate::slots::SLOT_WAIT;
 use crate::ssrf::{Blocked, DnsFailure};
-use crate::startup::{retry_db, with_db, Context, Outcome};
+use crate::startup::{retry_db, Context, Outcome};
 
 pub(crate) async fn handle_delivery(ctx: Arc<Context>, message: Delivery) {
     let trigger = header_str(&message.properties, TRIGGER_HEADER)
@@ -70,7 +70,7 @@ async fn process(
     }
     if job.webhook.is_deleted() || !job.webhook.enabled {
         tracing::info!(delivery_id = %id, webhook_id = %job.webhook.id, "webhook deleted or disabled; delivery stopped");
-        return match with_db!(ctx, |conn| deliveries::mark_failed(conn, id)) {
+        return match retry_db!(ctx, db::submit(&ctx.stopped, id).await) {
             Ok(()) => Outcome::Done,
             Err(outcome) => outcome,
         };

@@ -2,10 +2,13 @@
 //! every delivery slot of a dispatcher (DESIGN §2, isolation).
 //!
 //! An attempt whose webhook is at its limit waits for a slot when the webhook is quick
-//! (deliveries arrive in bursts, and a quick target frees slots within milliseconds). When the
-//! oldest request in flight to it has run for [`SLOW_AFTER`] already, the webhook is slow, and
-//! the attempt is not made now: its message waits in the deferral queue and comes back, so it
-//! holds no delivery slot meanwhile.
+//! (deliveries arrive in bursts, and a quick target frees slots within milliseconds). A webhook
+//! at its limit is slow when the oldest request in flight to it has run for [`SLOW_AFTER`]
+//! already, or when its last finished request took that long; an attempt for a slow webhook is
+//! not made now: its message waits in the deferral queue and comes back, so it holds no
+//! delivery slot meanwhile. A waiting attempt gives up as soon as its webhook turns slow, and at
+//! most as many attempts wait for one webhook as it may have in flight, so the waiters of one
+//! webhook never hold more than their share of the dispatcher's slots.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -16,7 +19,8 @@ use tokio::time::Instant;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-/// A webhook at its limit whose oldest request in flight is this old counts as slow.
+/// A webhook at its limit whose oldest request in flight is this old, or whose last finished
+/// request took this long, counts as slow.
 pub(crate) const SLOW_AFTER: Duration = Duration::from_millis(250);
 /// The longest an attempt waits for a slot of a webhook that is not slow.
 pub(crate) const SLOT_WAIT: Duration = Duration::from_secs(1);
@@ -39,6 +43,26 @@ struct Webhook {
 struct InFlight {
     started: BTreeMap<u64, Instant>,
     next: u64,
+    /// Attempts waiting for a slot.
+    waiting: usize,
+    /// The last request to finish took [`SLOW_AFTER`] or longer.
+    last_was_slow: bool,
+}
+
+impl InFlight {
+    /// When the oldest request in flight turns (or turned) [`SLOW_AFTER`] old.
+    fn slow_at(&self) -> Option<Instant> {
+        self.started
+            .values()
+            .next()
+            .map(|started| *started + SLOW_AFTER)
+    }
+
+    /// At `limit` and slow: an attempt now would be deferred.
+    fn is_slow(&self, limit: usize) -> bool {
+        self.started.len() >= limit
+            && (self.last_was_slow || self.slow_at().is_some_and(|at| at <= Instant::now()))
+    }
 }
 
 /// A taken slot; dropping it frees the slot.
@@ -50,7 +74,11 @@ pub(crate) struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        lock(&self.webhook.in_flight).started.remove(&self.number);
+        let mut in_flight = lock(&self.webhook.in_flight);
+        if let Some(started) = in_flight.started.remove(&self.number) {
+            in_flight.last_was_slow = started.elapsed() >= SLOW_AFTER;
+        }
+        drop(in_flight);
         self.webhook.freed.notify_one();
     }
 }
@@ -73,21 +101,19 @@ impl WebhookSlots {
             return false;
         };
         let in_flight = lock(&entry.in_flight);
-        in_flight.started.len() >= self.limit
-            && in_flight
-                .started
-                .values()
-                .next()
-                .is_some_and(|started| started.elapsed() >= SLOW_AFTER)
+        in_flight.is_slow(self.limit)
     }
 
-    /// A slot for one request to `webhook`; `None` when the webhook is at its limit and slow,
-    /// or no slot freed within `wait`.
+    /// A slot for one request to `webhook`; `None` when the webhook is at its limit and slow
+    /// (now or while waiting), when as many attempts as its limit wait for it already, or when
+    /// no slot freed within `wait`.
     pub async fn take(&self, webhook: Uuid, wait: Duration) -> Option<Slot> {
         let entry = lock(&self.webhooks).entry(webhook).or_default().clone();
         let deadline = Instant::now() + wait;
+        // Counted among the waiters from the first wait on, until this call ends (or is dropped).
+        let mut waiting: Option<Waiter> = None;
         loop {
-            {
+            let wake_at = {
                 let mut in_flight = lock(&entry.in_flight);
                 if in_flight.started.len() < self.limit {
                     let number = in_flight.next;
@@ -98,17 +124,37 @@ impl WebhookSlots {
                         number,
                     });
                 }
-                let oldest = in_flight.started.values().next().copied();
-                if oldest.is_some_and(|started| started.elapsed() >= SLOW_AFTER) {
+                if in_flight.is_slow(self.limit) {
                     return None;
                 }
+                if waiting.is_none() {
+                    if in_flight.waiting >= self.limit {
+                        return None;
+                    }
+                    in_flight.waiting += 1;
+                    waiting = Some(Waiter(entry.clone()));
+                }
+                // Check again when the oldest request turns slow.
+                in_flight.slow_at().map_or(deadline, |at| at.min(deadline))
+            };
+            if Instant::now() >= deadline {
+                return None;
             }
             // A slot freed since the check leaves a permit behind: no wake-up is lost.
             tokio::select! {
                 _ = entry.freed.notified() => {}
-                _ = tokio::time::sleep_until(deadline) => return None,
+                _ = tokio::time::sleep_until(wake_at) => {}
             }
         }
+    }
+}
+
+/// One attempt counted among a webhook's waiters; dropping it uncounts it.
+struct Waiter(Arc<Webhook>);
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        lock(&self.0.in_flight).waiting -= 1;
     }
 }
 
@@ -150,5 +196,82 @@ mod tests {
         );
         assert!(slots.take(slow, Duration::from_secs(30)).await.is_none());
         assert_eq!(asked.elapsed(), Duration::ZERO, "refused without waiting");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_attempt_gives_up_when_the_webhook_turns_slow() {
+        let slots = Arc::new(WebhookSlots::new(1));
+        let webhook = Uuid::now_v7();
+        let _held = slots.take(webhook, SLOT_WAIT).await.unwrap();
+        let asked = Instant::now();
+        let waiter = {
+            let slots = slots.clone();
+            tokio::spawn(async move { slots.take(webhook, Duration::from_secs(30)).await })
+        };
+        // The paused clock jumps to the next timer: the moment the held request turns slow.
+        assert!(waiter.await.unwrap().is_none());
+        assert_eq!(
+            asked.elapsed(),
+            SLOW_AFTER,
+            "gave up when the webhook turned slow"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_webhook_whose_last_request_was_slow_is_slow_at_its_limit_until_one_is_quick() {
+        let slots = WebhookSlots::new(1);
+        let webhook = Uuid::now_v7();
+        let held = slots.take(webhook, SLOT_WAIT).await.unwrap();
+        tokio::time::advance(SLOW_AFTER).await;
+        drop(held);
+        assert!(!slots.is_slow(webhook), "below its limit it is never slow");
+        let fresh = slots.take(webhook, SLOT_WAIT).await.unwrap();
+        assert!(
+            slots.is_slow(webhook),
+            "at its limit, slow by its last request although the one in flight is new"
+        );
+        assert!(slots.take(webhook, SLOT_WAIT).await.is_none());
+        drop(fresh);
+        let _quick = slots.take(webhook, SLOT_WAIT).await.unwrap();
+        assert!(
+            !slots.is_slow(webhook),
+            "the quick request that just finished clears it"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_more_attempts_wait_for_a_webhook_than_its_limit() {
+        let slots = Arc::new(WebhookSlots::new(2));
+        let webhook = Uuid::now_v7();
+        let _held = (
+            slots.take(webhook, SLOT_WAIT).await.unwrap(),
+            slots.take(webhook, SLOT_WAIT).await.unwrap(),
+        );
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let slots = slots.clone();
+                tokio::spawn(async move { slots.take(webhook, SLOT_WAIT).await })
+            })
+            .collect();
+        // Let both waiters start waiting (the paused clock does not move meanwhile).
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let asked = Instant::now();
+        assert!(slots.take(webhook, SLOT_WAIT).await.is_none());
+        assert_eq!(
+            asked.elapsed(),
+            Duration::ZERO,
+            "a third waiter is refused at once"
+        );
+        for waiter in waiters {
+            assert!(waiter.await.unwrap().is_none());
+        }
+        let entry = lock(&slots.webhooks)[&webhook].clone();
+        assert_eq!(
+            lock(&entry.in_flight).waiting,
+            0,
+            "their places are free again"
+        );
     }
 }

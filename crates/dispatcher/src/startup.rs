@@ -47,24 +47,6 @@ macro_rules! retry_db {
 }
 pub(crate) use retry_db;
 
-/// Runs `$body` (an async block using `$conn: &mut AsyncPgConnection`) on a pooled connection,
-/// waiting out transient database failures; evaluates to `Result<T, Outcome>`.
-macro_rules! with_db {
-    ($ctx:expr, |$conn:ident| $body:expr) => {
-        $crate::startup::retry_db!(
-            $ctx,
-            match $ctx.pool.get().await {
-                Ok(mut guard) => {
-                    let $conn: &mut diesel_async::AsyncPgConnection = &mut guard;
-                    $body.await
-                }
-                Err(error) => Err(tocsin_domain::db::DbError::from(error)),
-            }
-        )
-    };
-}
-pub(crate) use with_db;
-
 /// What a handler decided about its message.
 #[derive(Debug)]
 pub(crate) enum Outcome {
@@ -97,6 +79,9 @@ pub(crate) struct Context {
     pub jobs: DbBatcher<Uuid, Option<deliveries::DeliveryJob>>,
     /// Attempts finished concurrently, logged in shared transactions.
     pub attempt_log: DbBatcher<AttemptRecord, Option<deliveries::Delivery>>,
+    /// Deliveries stopped concurrently (their webhook deleted or disabled), marked failed in
+    /// shared statements.
+    pub stopped: DbBatcher<Uuid, ()>,
 }
 
 /// Largest batch of fan-outs or attempt rows written in one transaction.
@@ -139,7 +124,7 @@ impl Context {
         }
     }
 
-    /// Judges the result of a database operation run by [`with_db!`]: a value, a permanent
+    /// Judges the result of a database operation run by [`retry_db!`]: a value, a permanent
     /// failure (`Park`), a stop while waiting (`Requeue`), or `None` to try again after a
     /// backoff (PostgreSQL restarting).
     pub async fn judge<T>(
@@ -301,6 +286,9 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         }),
         attempt_log: db::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, records| {
             Box::pin(deliveries::record_attempts(conn, records))
+        }),
+        stopped: db::batcher(&pool, MAX_BATCH, 1, |conn, ids| {
+            Box::pin(deliveries::mark_failed_all(conn, ids))
         }),
     });
 

@@ -673,9 +673,19 @@ SELECT * FROM moved";
 
 /// Marks a delivery failed without an attempt (its webhook is gone or disabled).
 pub async fn mark_failed(conn: &mut AsyncPgConnection, id: Uuid) -> Result<(), DbError> {
+    mark_failed_all(conn, &[id]).await.map(|_| ())
+}
+
+/// [`mark_failed`] for several deliveries in one statement (the dispatcher gathers those it
+/// stops concurrently: a deleted webhook's deferred deliveries all come back at once). Answers
+/// one `()` per id; a delivery finished already is left as it is.
+pub async fn mark_failed_all(
+    conn: &mut AsyncPgConnection,
+    ids: &[Uuid],
+) -> Result<Vec<()>, DbError> {
     diesel::update(
         deliveries::table
-            .find(id)
+            .filter(deliveries::id.eq_any(ids))
             .filter(deliveries::state.eq_any(["pending", "retrying"])),
     )
     .set((
@@ -685,7 +695,7 @@ pub async fn mark_failed(conn: &mut AsyncPgConnection, id: Uuid) -> Result<(), D
     ))
     .execute(conn)
     .await?;
-    Ok(())
+    Ok(vec![(); ids.len()])
 }
 
 /// Unfinished deliveries whose next attempt is overdue by more than `grace`: the sweeper
