@@ -162,6 +162,16 @@ impl Drop for Waiter {
 mod tests {
     use super::*;
 
+    /// Asks for a slot in a task of its own, so that the test can go on while it waits.
+    fn spawn_take(
+        slots: &Arc<WebhookSlots>,
+        webhook: Uuid,
+        wait: Duration,
+    ) -> tokio::task::JoinHandle<Option<Slot>> {
+        let slots = slots.clone();
+        tokio::spawn(async move { slots.take(webhook, wait).await })
+    }
+
     #[tokio::test]
     async fn a_quick_webhook_at_its_limit_waits_for_a_slot_and_others_are_unaffected() {
         let slots = Arc::new(WebhookSlots::new(1));
@@ -169,10 +179,7 @@ mod tests {
         let held = slots.take(busy, SLOT_WAIT).await.unwrap();
         assert!(!slots.is_slow(busy), "at its limit but quick");
         assert!(slots.take(other, SLOT_WAIT).await.is_some());
-        let waiter = {
-            let slots = slots.clone();
-            tokio::spawn(async move { slots.take(busy, Duration::from_secs(10)).await })
-        };
+        let waiter = spawn_take(&slots, busy, Duration::from_secs(10));
         tokio::task::yield_now().await;
         drop(held);
         let taken = waiter.await.unwrap();
@@ -204,10 +211,7 @@ mod tests {
         let webhook = Uuid::now_v7();
         let _held = slots.take(webhook, SLOT_WAIT).await.unwrap();
         let asked = Instant::now();
-        let waiter = {
-            let slots = slots.clone();
-            tokio::spawn(async move { slots.take(webhook, Duration::from_secs(30)).await })
-        };
+        let waiter = spawn_take(&slots, webhook, Duration::from_secs(30));
         // The paused clock jumps to the next timer: the moment the held request turns slow.
         assert!(waiter.await.unwrap().is_none());
         assert_eq!(
@@ -248,10 +252,7 @@ mod tests {
             slots.take(webhook, SLOT_WAIT).await.unwrap(),
         );
         let waiters: Vec<_> = (0..2)
-            .map(|_| {
-                let slots = slots.clone();
-                tokio::spawn(async move { slots.take(webhook, SLOT_WAIT).await })
-            })
+            .map(|_| spawn_take(&slots, webhook, SLOT_WAIT))
             .collect();
         // Let both waiters start waiting (the paused clock does not move meanwhile).
         for _ in 0..10 {
