@@ -145,8 +145,9 @@ impl TestAdmin {
             .n
     }
 
-    /// Outbox rows of the delivery topic: (headers, payload).
-    async fn delivery_outbox_rows(&self) -> Vec<(Value, Value)> {
+    /// Outbox rows of manual retries: (headers, payload). (Each new delivery's first attempt
+    /// has its own row, with the event.)
+    async fn manual_retry_outbox_rows(&self) -> Vec<(Value, Value)> {
         #[derive(diesel::QueryableByName)]
         struct Row {
             #[diesel(sql_type = Jsonb)]
@@ -156,7 +157,8 @@ impl TestAdmin {
         }
         let mut conn = self.conn().await;
         diesel::sql_query(
-            "SELECT headers, payload FROM outbox WHERE topic = 'delivery' ORDER BY id",
+            "SELECT headers, payload FROM outbox
+             WHERE topic = 'delivery' AND headers ->> 'tocsin-trigger' = 'manual' ORDER BY id",
         )
         .load::<Row>(&mut conn)
         .await
@@ -216,7 +218,7 @@ fn assert_error(
     }
 }
 
-/// Records an event and one delivery of it to `webhook_id`, as the dispatcher's fan-out does.
+/// Records an event and one delivery of it to `webhook_id` (and none to other webhooks).
 async fn seed_delivery(
     conn: &mut AsyncPgConnection,
     webhook_id: Uuid,
@@ -236,6 +238,13 @@ async fn seed_delivery(
     };
     let event = NewEvent::new(&payload, None);
     outbox::record_events(conn, std::slice::from_ref(&event), outbox::Wake::Listeners)
+        .await
+        .unwrap();
+    // The event's transaction gave every subscribed webhook a delivery: keep the one asked for.
+    diesel::sql_query("DELETE FROM deliveries WHERE event_id = $1 AND webhook_id <> $2")
+        .bind::<SqlUuid, _>(event.id)
+        .bind::<SqlUuid, _>(webhook_id)
+        .execute(conn)
         .await
         .unwrap();
     let ids = deliveries::create_for_event(conn, event.id, kind, incident_id, &[webhook_id])
@@ -838,12 +847,25 @@ async fn a_test_event_is_recorded_for_that_webhook_only_and_published() {
     assert_eq!(payload["data"]["status"], "triggered");
     assert_eq!(payload["data"]["id"], body["incident_id"]);
     assert_eq!(admin.count("incidents").await, 0, "no incident is stored");
-    wait_until("the relay to publish the test event", DEADLINE, || async {
+    assert_eq!(
         admin
-            .count("outbox WHERE topic = 'event' AND published_at IS NOT NULL")
-            .await
-            == 1
-    })
+            .count(&format!(
+                "deliveries WHERE event_id = '{event_id}' AND webhook_id = '{id}'"
+            ))
+            .await,
+        1,
+        "the test event's one delivery, to that webhook"
+    );
+    wait_until(
+        "the relay to publish its first attempt",
+        DEADLINE,
+        || async {
+            admin
+                .count("outbox WHERE topic = 'delivery' AND published_at IS NOT NULL")
+                .await
+                == 1
+        },
+    )
     .await;
 
     let (status, _) = admin
@@ -1031,7 +1053,7 @@ async fn a_manual_retry_enqueues_one_attempt_through_the_outbox() {
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     assert_eq!(body["delivery_id"], delivery.to_string());
-    let rows = admin.delivery_outbox_rows().await;
+    let rows = admin.manual_retry_outbox_rows().await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].0, json!({"tocsin-trigger": "manual"}));
     assert_eq!(rows[0].1["delivery_id"], delivery.to_string());
@@ -1056,7 +1078,11 @@ async fn a_manual_retry_enqueues_one_attempt_through_the_outbox() {
         .post_empty(&format!("/api/v1/deliveries/{delivery}/retry"))
         .await;
     assert_error("deleted webhook", &answer, StatusCode::CONFLICT, None);
-    assert_eq!(admin.delivery_outbox_rows().await.len(), 1, "nothing more");
+    assert_eq!(
+        admin.manual_retry_outbox_rows().await.len(),
+        1,
+        "nothing more"
+    );
     admin.stop().await;
 }
 
@@ -1100,7 +1126,7 @@ async fn bulk_recovery_retries_the_failed_deliveries_since_a_time() {
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     assert_eq!(body, json!({"retried": 2}));
-    let rows = admin.delivery_outbox_rows().await;
+    let rows = admin.manual_retry_outbox_rows().await;
     let retried: BTreeSet<String> = rows
         .iter()
         .map(|(headers, payload)| {
@@ -1150,7 +1176,7 @@ async fn bulk_recovery_retries_the_failed_deliveries_since_a_time() {
         )
         .await;
     assert_error("deleted webhook", &answer, StatusCode::CONFLICT, None);
-    assert_eq!(admin.delivery_outbox_rows().await.len(), 2);
+    assert_eq!(admin.manual_retry_outbox_rows().await.len(), 2);
     admin.stop().await;
 }
 

@@ -10,7 +10,9 @@ use std::time::Instant;
 use lapin::message::Delivery;
 use serde_json::{Map, Value};
 use time::OffsetDateTime;
-use tocsin_domain::amqp::messages::{DeliveryMessage, Trigger, ATTEMPT_HEADER, TRIGGER_HEADER};
+use tocsin_domain::amqp::messages::{
+    DeliveryMessage, Trigger, ATTEMPT_HEADER, TRIGGER_HEADER, WEBHOOK_HEADER,
+};
 use tocsin_domain::amqp::{header_int, header_str};
 use tocsin_domain::db::deliveries::{
     next_state, AttemptError, AttemptRecord, DeliveryJob, DeliveryState, NewAttempt,
@@ -29,7 +31,12 @@ pub(crate) async fn handle_delivery(ctx: Arc<Context>, message: Delivery) {
     let requested = header_int(&message.properties, ATTEMPT_HEADER)
         .and_then(|n| i32::try_from(n).ok())
         .unwrap_or(1);
+    // A webhook known to be slow gets its attempt deferred before anything is loaded for it.
+    let slow = header_str(&message.properties, WEBHOOK_HEADER)
+        .and_then(|id| id.parse().ok())
+        .is_some_and(|webhook| ctx.slots.is_slow(webhook));
     let outcome = match DeliveryMessage::from_bytes(&message.data) {
+        Ok(_) if slow => Outcome::Defer,
         Ok(parsed) => process(&ctx, parsed, trigger, requested).await,
         Err(error) => Outcome::Park(format!("unreadable delivery message: {error}")),
     };

@@ -6,9 +6,12 @@
 //! at its limit is slow when the oldest request in flight to it has run for [`SLOW_AFTER`]
 //! already, or when its last finished request took that long; an attempt for a slow webhook is
 //! not made now: its message waits in the deferral queue and comes back, so it holds no
-//! delivery slot meanwhile. A waiting attempt gives up as soon as its webhook turns slow, and at
-//! most as many attempts wait for one webhook as it may have in flight, so the waiters of one
-//! webhook never hold more than their share of the dispatcher's slots.
+//! delivery slot meanwhile. A waiting attempt gives up as soon as its webhook turns slow. Unless
+//! a request to the webhook finished within [`SLOW_AFTER`] (it is answering: a deep queue of
+//! deliveries to a quick target waits for its slots instead of going round the deferral
+//! queue), at most as many attempts wait for one webhook as it may have in flight, so the
+//! waiters of a webhook that just stopped answering hold no more than their share of the
+//! dispatcher's slots.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -47,6 +50,8 @@ struct InFlight {
     waiting: usize,
     /// The last request to finish took [`SLOW_AFTER`] or longer.
     last_was_slow: bool,
+    /// When the last request finished.
+    last_finished: Option<Instant>,
 }
 
 impl InFlight {
@@ -56,6 +61,12 @@ impl InFlight {
             .values()
             .next()
             .map(|started| *started + SLOW_AFTER)
+    }
+
+    /// A request finished within [`SLOW_AFTER`]: the webhook is answering.
+    fn answering(&self) -> bool {
+        self.last_finished
+            .is_some_and(|at| at + SLOW_AFTER > Instant::now())
     }
 
     /// At `limit` and slow: an attempt now would be deferred.
@@ -77,6 +88,7 @@ impl Drop for Slot {
         let mut in_flight = lock(&self.webhook.in_flight);
         if let Some(started) = in_flight.started.remove(&self.number) {
             in_flight.last_was_slow = started.elapsed() >= SLOW_AFTER;
+            in_flight.last_finished = Some(Instant::now());
         }
         drop(in_flight);
         self.webhook.freed.notify_one();
@@ -105,8 +117,8 @@ impl WebhookSlots {
     }
 
     /// A slot for one request to `webhook`; `None` when the webhook is at its limit and slow
-    /// (now or while waiting), when as many attempts as its limit wait for it already, or when
-    /// no slot freed within `wait`.
+    /// (now or while waiting), when as many attempts as its limit wait for it already and none
+    /// of its requests finished within [`SLOW_AFTER`], or when no slot freed within `wait`.
     pub async fn take(&self, webhook: Uuid, wait: Duration) -> Option<Slot> {
         let entry = lock(&self.webhooks).entry(webhook).or_default().clone();
         let deadline = Instant::now() + wait;
@@ -128,7 +140,7 @@ impl WebhookSlots {
                     return None;
                 }
                 if waiting.is_none() {
-                    if in_flight.waiting >= self.limit {
+                    if in_flight.waiting >= self.limit && !in_flight.answering() {
                         return None;
                     }
                     in_flight.waiting += 1;
@@ -241,6 +253,33 @@ mod tests {
             !slots.is_slow(webhook),
             "the quick request that just finished clears it"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn more_attempts_than_its_limit_wait_for_a_webhook_that_is_answering() {
+        let slots = Arc::new(WebhookSlots::new(1));
+        let webhook = Uuid::now_v7();
+        drop(slots.take(webhook, SLOT_WAIT).await.unwrap());
+        let _held = slots.take(webhook, SLOT_WAIT).await.unwrap();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| spawn_take(&slots, webhook, SLOT_WAIT))
+            .collect();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let entry = lock(&slots.webhooks)[&webhook].clone();
+        assert_eq!(
+            lock(&entry.in_flight).waiting,
+            3,
+            "a request finished just now: all three wait"
+        );
+        // Once no request has finished for SLOW_AFTER, the cap holds again (and the one in
+        // flight has turned slow, so the waiters give up).
+        tokio::time::advance(SLOW_AFTER).await;
+        assert!(slots.take(webhook, SLOT_WAIT).await.is_none());
+        for waiter in waiters {
+            assert!(waiter.await.unwrap().is_none());
+        }
     }
 
     #[tokio::test(start_paused = true)]

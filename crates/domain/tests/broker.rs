@@ -1,5 +1,6 @@
 //! RabbitMQ against the real broker: the topology as the broker reports it, retry queues that
-//! dead-letter back, the outbox relay (exactly once, and after an outage), and a consumer that
+//! dead-letter back, the outbox relay (exactly once, and after an outage: the first attempts of
+//! the deliveries written with each event), and a consumer that
 //! survives losing its connection.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,13 +11,18 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 use lapin::options::{BasicAckOptions, BasicGetOptions};
 use prometheus::Registry;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
-use tocsin_domain::amqp::messages::{EventMessage, ATTEMPT_HEADER};
+use tocsin_domain::amqp::messages::{DeliveryMessage, ATTEMPT_HEADER, WEBHOOK_HEADER};
 use tocsin_domain::amqp::topology::DELIVERY_ROUTING_KEY;
-use tocsin_domain::amqp::{self, header_int, run_consumer, Broker, ConsumerOptions, Outgoing};
+use tocsin_domain::amqp::{
+    self, header_int, header_str, run_consumer, Broker, ConsumerOptions, Outgoing,
+};
 use tocsin_domain::config::CommonConfig;
-use tocsin_domain::db::{incidents, outbox};
+use tocsin_domain::db::webhooks::{self, NewWebhook};
+use tocsin_domain::db::{deliveries, incidents, outbox};
 use tocsin_domain::relay::OutboxRelay;
-use tocsin_domain::{IncidentTitle, RetrySchedule, Severity};
+use tocsin_domain::{
+    EventKind, IncidentTitle, RetrySchedule, RetrySettings, Severity, TargetUrl, WebhookName,
+};
 use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestDb, TestPrefix};
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +50,20 @@ async fn open_incident(db: &TestDb, key: &str) {
     incidents::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
         .await
         .unwrap();
+}
+
+/// A webhook for `incidents.opened`: each incident opened gets a delivery to it, whose first
+/// attempt the relay publishes.
+async fn subscribe(db: &TestDb) -> uuid::Uuid {
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let new = NewWebhook {
+        name: WebhookName::parse("opened").unwrap(),
+        url: TargetUrl::parse("https://example.com/").unwrap(),
+        events: [EventKind::IncidentOpened].into_iter().collect(),
+        retry: RetrySettings::default(),
+        enabled: true,
+    };
+    webhooks::create(&mut conn, &new).await.unwrap().id
 }
 
 /// Takes every message waiting in a queue.
@@ -188,6 +208,7 @@ async fn the_relay_publishes_a_committed_row_exactly_once() {
         &Registry::new(),
     )
     .unwrap();
+    let webhook = subscribe(&db).await;
     open_incident(&db, "once").await;
 
     assert_eq!(relay.drain().await.unwrap(), 1);
@@ -196,11 +217,20 @@ async fn the_relay_publishes_a_committed_row_exactly_once() {
         0,
         "a published row is not published again"
     );
-    let messages = drain_queue(&broker, &broker.topology().fanout_queue()).await;
+    let messages = drain_queue(&broker, &broker.topology().delivery_queue()).await;
     assert_eq!(messages.len(), 1);
-    let message = EventMessage::from_bytes(&messages[0].data).unwrap();
-    assert_eq!(message.event.as_str(), "incidents.opened");
+    let message = DeliveryMessage::from_bytes(&messages[0].data).unwrap();
+    assert_eq!(header_int(&messages[0].properties, ATTEMPT_HEADER), Some(1));
+    assert_eq!(
+        header_str(&messages[0].properties, WEBHOOK_HEADER),
+        Some(webhook.to_string())
+    );
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let delivery = deliveries::get(&mut conn, message.delivery_id)
+        .await
+        .unwrap();
+    assert_eq!(delivery.event, EventKind::IncidentOpened);
+    assert_eq!(delivery.webhook_id, webhook);
     assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 0);
 }
 
@@ -225,11 +255,12 @@ async fn the_relay_wakes_on_commit_and_catches_up_after_a_broker_outage() {
     let running = tokio::spawn(relay.clone().run(cancel.clone()));
 
     // Woken by NOTIFY from another connection, with the fallback poll a minute away.
+    subscribe(&db).await;
     open_incident(&db, "first").await;
-    let fanout = direct.topology().fanout_queue();
+    let queue = direct.topology().delivery_queue();
     let seen = AtomicUsize::new(0);
     wait_until("the first event published", DEADLINE, || async {
-        let n = drain_queue(&direct, &fanout).await.len();
+        let n = drain_queue(&direct, &queue).await.len();
         seen.fetch_add(n, Ordering::SeqCst) + n == 1
     })
     .await;
@@ -256,7 +287,7 @@ async fn the_relay_wakes_on_commit_and_catches_up_after_a_broker_outage() {
         "the event published after the outage",
         RECOVERY_DEADLINE,
         || async {
-            let n = drain_queue(&direct, &fanout).await.len();
+            let n = drain_queue(&direct, &queue).await.len();
             after.fetch_add(n, Ordering::SeqCst) + n >= 1
         },
     )
@@ -271,7 +302,7 @@ async fn the_relay_wakes_on_commit_and_catches_up_after_a_broker_outage() {
     cancel.cancel();
     running.await.unwrap();
     assert_eq!(
-        drain_queue(&direct, &fanout).await.len(),
+        drain_queue(&direct, &queue).await.len(),
         0,
         "nothing published twice"
     );

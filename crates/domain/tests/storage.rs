@@ -1,9 +1,14 @@
-//! Storage against the real PostgreSQL: migrations, incidents and their events in the outbox.
+//! Storage against the real PostgreSQL: migrations, incidents, their events and the outbox rows
+//! of their deliveries.
 
 use std::time::Duration;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
+use tocsin_domain::amqp::messages::{
+    DeliveryMessage, ATTEMPT_HEADER, TRIGGER_HEADER, WEBHOOK_HEADER,
+};
+use tocsin_domain::db::deliveries::{self, DeliveryState};
 use tocsin_domain::db::incidents::{self, Change};
 use tocsin_domain::db::{self, outbox};
 use tocsin_domain::{EventKind, IncidentStatus, IncidentTitle, Severity, TransitionError};
@@ -46,6 +51,7 @@ async fn concurrent_migrations_serialise_on_the_lock() {
 async fn an_incident_moves_through_its_lifecycle_with_its_events() {
     let db = TestDb::new().await;
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let webhook = webhook_for_every_event(&mut conn, "every event").await;
 
     let opened = incidents::apply_signals(
         &mut conn,
@@ -129,8 +135,38 @@ async fn an_incident_moves_through_its_lifecycle_with_its_events() {
     assert_eq!(reopened[0].change, Change::Opened);
     assert_ne!(reopened[0].incident.as_ref().unwrap().id, incident.id);
 
-    // Every event of the story waits in the outbox, in order: 1 + 1 + 2 + 1.
+    // Every event of the story has its delivery, whose first attempt waits in the outbox, in
+    // order: 1 + 1 + 2 + 1.
     assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 5);
+    let mut kinds = Vec::new();
+    for row in outbox::claim_and_mark(&mut conn, 10).await.unwrap() {
+        assert_eq!(row.topic(), Some(outbox::Topic::Delivery));
+        assert_eq!(
+            row.headers,
+            serde_json::json!({
+                ATTEMPT_HEADER: 1,
+                TRIGGER_HEADER: "automatic",
+                WEBHOOK_HEADER: webhook.id.to_string(),
+            })
+        );
+        let message = DeliveryMessage::from_bytes(&row.payload).unwrap();
+        let delivery = deliveries::get(&mut conn, message.delivery_id)
+            .await
+            .unwrap();
+        assert_eq!(delivery.webhook_id, webhook.id);
+        assert_eq!(delivery.state, DeliveryState::Pending);
+        kinds.push(delivery.event.as_str().to_owned());
+    }
+    assert_eq!(
+        kinds,
+        [
+            "incidents.opened",
+            "incidents.status_changed",
+            "incidents.status_changed",
+            "incidents.resolved",
+            "incidents.opened"
+        ]
+    );
 
     let refused = incidents::change_status(&mut conn, incident.id, IncidentStatus::Triggered).await;
     assert!(matches!(
@@ -142,9 +178,92 @@ async fn an_incident_moves_through_its_lifecycle_with_its_events() {
 }
 
 #[tokio::test]
+async fn events_go_only_to_enabled_subscribed_webhooks_and_without_one_nothing_is_published() {
+    use tocsin_domain::db::webhooks::{self, NewWebhook};
+    use tocsin_domain::{RetrySettings, TargetUrl, WebhookName};
+    let db = TestDb::new().await;
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    // Nobody subscribes: the events are recorded, and nothing waits to be published.
+    let alone = incidents::apply_signals(
+        &mut conn,
+        &[signal("alone", AlertAction::Trigger)],
+        outbox::Wake::Listeners,
+    )
+    .await
+    .unwrap();
+    assert_eq!(alone[0].change, Change::Opened);
+    assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 0);
+
+    let webhook = |name: &str, events: &[EventKind], enabled: bool| NewWebhook {
+        name: WebhookName::parse(name).unwrap(),
+        url: TargetUrl::parse("https://example.com/").unwrap(),
+        events: events.iter().copied().collect(),
+        retry: RetrySettings::default(),
+        enabled,
+    };
+    for (name, kind, enabled) in [
+        ("opened", EventKind::IncidentOpened, true),
+        ("resolved", EventKind::IncidentResolved, true),
+        ("off", EventKind::IncidentOpened, false),
+    ] {
+        webhooks::create(&mut conn, &webhook(name, &[kind], enabled))
+            .await
+            .unwrap();
+    }
+    // A batch of triggers takes the one-statement path; a body with two signals for one key,
+    // the general one.
+    incidents::apply_alerts(
+        &mut conn,
+        &[
+            vec![signal("a", AlertAction::Trigger)],
+            vec![signal("b", AlertAction::Trigger)],
+        ],
+        outbox::Wake::Caller,
+    )
+    .await
+    .unwrap();
+    incidents::apply_signals(
+        &mut conn,
+        &[
+            signal("c", AlertAction::Trigger),
+            signal("c", AlertAction::Acknowledge),
+        ],
+        outbox::Wake::Listeners,
+    )
+    .await
+    .unwrap();
+    let deliveries: Vec<(String, String, String)> = diesel::sql_query(
+        "SELECT w.name, i.dedup_key, d.event FROM deliveries d
+         JOIN webhooks w ON w.id = d.webhook_id JOIN incidents i ON i.id = d.incident_id
+         ORDER BY i.dedup_key",
+    )
+    .load::<Targeted>(&mut conn)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|row| (row.name, row.dedup_key, row.event))
+    .collect();
+    let expected = [("opened", "a"), ("opened", "b"), ("opened", "c")]
+        .map(|(n, k)| (n.to_owned(), k.to_owned(), "incidents.opened".to_owned()));
+    assert_eq!(deliveries, expected);
+    assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 3);
+}
+
+#[derive(diesel::QueryableByName)]
+struct Targeted {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    name: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    dedup_key: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    event: String,
+}
+
+#[tokio::test]
 async fn fifty_concurrent_alerts_with_one_new_key_open_one_incident() {
     let db = TestDb::new().await;
     let pool = db.pool();
+    webhook_for_every_event(&mut pool.get().await.unwrap(), "every event").await;
     let tasks = (0..50).map(|_| {
         let pool = pool.clone();
         tokio::spawn(async move {
@@ -207,6 +326,7 @@ struct Count {
 async fn a_failed_transaction_leaves_no_row_behind() {
     let db = TestDb::new().await;
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    webhook_for_every_event(&mut conn, "every event").await;
     let mut too_long = signal("x", AlertAction::Trigger);
     // A key the database refuses (NUL bytes are not valid in PostgreSQL text).
     too_long.dedup_key = "bad\0key".into();
@@ -247,18 +367,13 @@ async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
         )
         .await
         .unwrap();
-        let event = &outcome[0].events[0];
-        delivery_ids.extend(
-            repo::create_for_event(
-                &mut conn,
-                event.id,
-                event.kind,
-                event.incident_id,
-                &[webhook.id],
-            )
+        // Its delivery was created with the event.
+        let waiting = repo::waiting_for_first_attempt(&mut conn, outcome[0].events[0].id)
             .await
-            .unwrap(),
-        );
+            .unwrap();
+        assert_eq!(waiting.len(), 1);
+        assert_eq!(waiting[0].webhook_id, webhook.id);
+        delivery_ids.push(waiting[0].delivery_id);
     }
     // Three old finished deliveries, one old unfinished, one recent finished.
     let set = |state: &str, age_days: i32, id: uuid::Uuid| {
@@ -320,9 +435,9 @@ async fn attempts_logged_in_one_batch_move_each_delivery_as_alone() {
 
     let db = TestDb::new().await;
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    // The one webhook every event fans out to.
-    webhook_for_every_event(&mut conn, "batch").await;
-    // Four events fanned out in one batch, one of them given twice.
+    // Four events fanned out in one batch (as the dispatcher does an event message), one of
+    // them given twice. The webhook comes after the events: their own transactions found no
+    // subscriber, so this fan-out creates their deliveries.
     let mut requests = Vec::new();
     for i in 0..4 {
         let outcome = incidents::apply_signals(
@@ -342,6 +457,7 @@ async fn attempts_logged_in_one_batch_move_each_delivery_as_alone() {
         });
     }
     requests.push(requests[0].clone());
+    webhook_for_every_event(&mut conn, "batch").await;
     let fanned = repo::fan_out(&mut conn, &requests).await.unwrap();
     assert_eq!(
         fanned.iter().map(|f| f.created).collect::<Vec<_>>(),

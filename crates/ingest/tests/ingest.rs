@@ -7,10 +7,12 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use lapin::options::BasicGetOptions;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use tocsin_domain::amqp::messages::EventMessage;
+use tocsin_domain::amqp::messages::DeliveryMessage;
 use tocsin_domain::amqp::Broker;
 use tocsin_domain::config::CommonConfig;
+use tocsin_domain::db::webhooks::{self, NewWebhook};
 use tocsin_domain::db::{outbox, tokens};
+use tocsin_domain::{EventKind, RetrySettings, TargetUrl, WebhookName};
 use tocsin_ingest::Config;
 use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestDb, TestPrefix};
 
@@ -77,6 +79,19 @@ impl TestIngest {
         let running = tokio::spawn(app.run_until_stopped());
         let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
         let (_, token) = tokens::create(&mut conn, "test").await.unwrap();
+        // Every event gets one delivery, whose first attempt is published to the delivery queue.
+        webhooks::create(
+            &mut conn,
+            &NewWebhook {
+                name: WebhookName::parse("observer").unwrap(),
+                url: TargetUrl::parse("https://example.com/").unwrap(),
+                events: EventKind::ALL.into_iter().collect(),
+                retry: RetrySettings::default(),
+                enabled: true,
+            },
+        )
+        .await
+        .unwrap();
         let observer = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix).broker("observer");
         observer.check().await.unwrap();
         TestIngest {
@@ -135,36 +150,38 @@ impl TestIngest {
             .n
     }
 
-    /// Event kinds published to the fan-out queue so far, with their bodies from the events table.
+    /// Event kinds whose deliveries were published to the delivery queue so far (one webhook
+    /// subscribes to every kind), with their bodies from the events table.
     async fn published_events(&self) -> Vec<(String, Value)> {
         let channel = self.observer.channel().await.unwrap();
         let mut events = Vec::new();
         while let Some(message) = channel
             .basic_get(
-                self.observer.topology().fanout_queue().as_str().into(),
+                self.observer.topology().delivery_queue().as_str().into(),
                 BasicGetOptions { no_ack: true },
             )
             .await
             .unwrap()
         {
-            let message = EventMessage::from_bytes(&message.delivery.data).unwrap();
+            let message = DeliveryMessage::from_bytes(&message.delivery.data).unwrap();
             #[derive(diesel::QueryableByName)]
-            struct Body {
+            struct Event {
+                #[diesel(sql_type = diesel::sql_types::Text)]
+                kind: String,
                 #[diesel(sql_type = diesel::sql_types::Text)]
                 body: String,
             }
             let mut conn = self.conn().await;
-            let body = diesel::sql_query("SELECT body FROM events WHERE id = $1")
-                .bind::<diesel::sql_types::Uuid, _>(message.event_id)
-                .load::<Body>(&mut conn)
-                .await
-                .unwrap()
-                .remove(0)
-                .body;
-            events.push((
-                message.event.as_str().to_owned(),
-                serde_json::from_str(&body).unwrap(),
-            ));
+            let event = diesel::sql_query(
+                "SELECT e.kind, e.body FROM deliveries d JOIN events e ON e.id = d.event_id
+                 WHERE d.id = $1",
+            )
+            .bind::<diesel::sql_types::Uuid, _>(message.delivery_id)
+            .load::<Event>(&mut conn)
+            .await
+            .unwrap()
+            .remove(0);
+            events.push((event.kind, serde_json::from_str(&event.body).unwrap()));
         }
         events
     }

@@ -9,6 +9,9 @@ use crate::EventKind;
 pub const ATTEMPT_HEADER: &str = "tocsin-attempt";
 /// Header saying who asked for the attempt: `automatic` (the default) or `manual`.
 pub const TRIGGER_HEADER: &str = "tocsin-trigger";
+/// Header with the id of the webhook a delivery message goes to, where the sender knew it: a
+/// dispatcher defers an attempt to a webhook it finds slow without loading the delivery.
+pub const WEBHOOK_HEADER: &str = "tocsin-webhook";
 /// Header explaining why a message was parked.
 pub const PARKED_REASON_HEADER: &str = "tocsin-parked-reason";
 

@@ -163,8 +163,8 @@ impl TryFrom<DeliveryRow> for Delivery {
     }
 }
 
-/// Creates one pending delivery per webhook for an event; returns the ids of those created now
-/// (a redelivered event creates none twice).
+/// The deliveries of an event to each of `webhook_ids`, in that order, each created pending
+/// unless it exists already (the event's own transaction creates those of subscribed webhooks).
 pub async fn create_for_event(
     conn: &mut AsyncPgConnection,
     event_id: Uuid,
@@ -174,10 +174,18 @@ pub async fn create_for_event(
 ) -> Result<Vec<Uuid>, DbError> {
     let pairs: Vec<(Uuid, Uuid)> = webhook_ids.iter().map(|w| (event_id, *w)).collect();
     let meta = HashMap::from([(event_id, (kind, incident_id))]);
-    Ok(insert_pending(conn, &pairs, &meta)
+    insert_pending(conn, &pairs, &meta).await?;
+    let existing: HashMap<Uuid, Uuid> = deliveries::table
+        .filter(deliveries::event_id.eq(event_id))
+        .filter(deliveries::webhook_id.eq_any(webhook_ids))
+        .select((deliveries::webhook_id, deliveries::id))
+        .load::<(Uuid, Uuid)>(conn)
         .await?
         .into_iter()
-        .map(|(id, _)| id)
+        .collect();
+    Ok(webhook_ids
+        .iter()
+        .filter_map(|webhook| existing.get(webhook).copied())
         .collect())
 }
 
@@ -320,14 +328,47 @@ struct CreatedDelivery {
     webhook_id: Uuid,
 }
 
+/// A new delivery's id in SQL: a UUIDv7 (a millisecond timestamp, then random bits), like
+/// those made in Rust.
+macro_rules! uuid_v7_sql {
+    () => {
+        "encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+        PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+        FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid"
+    };
+}
+pub(crate) use uuid_v7_sql;
+
+/// The outbox row that asks for a new delivery's first attempt, as `(topic, headers,
+/// payload)` columns from `d` (the delivery: `id`, `webhook_id`): the message the dispatcher's
+/// own fan-out publishes ([`crate::amqp::messages::DeliveryMessage`], attempt 1, automatic),
+/// with the webhook's id in a header so that a dispatcher can defer an attempt to a slow
+/// webhook without loading the delivery.
+macro_rules! first_attempt_outbox_sql {
+    () => {
+        "'delivery',
+        jsonb_build_object('tocsin-attempt', 1, 'tocsin-trigger', 'automatic',
+            'tocsin-webhook', d.webhook_id::text),
+        convert_to(jsonb_build_object('delivery_id', d.id)::text, 'UTF8')"
+    };
+}
+pub(crate) use first_attempt_outbox_sql;
+
+/// Fan-out of the events in `$1`..`$4` (ids, kinds, incident ids, test webhook ids) at `$5`,
+/// followed by `$rest`, which may read the new deliveries from `created` (`id`, `event_id`,
+/// `webhook_id`) and the events, numbered in the order given, from `input` (`arrival`).
+/// `$rest` is one or more string literals or macros expanding to one.
+///
 /// One pending delivery per (event, target): every enabled, undeleted webhook subscribed to the
-/// event's kind, or for a test event its one undeleted webhook. Ids are UUIDv7 made in SQL (a
-/// millisecond timestamp, then random bits), like those made in Rust. Rows are inserted in key
-/// order, so that concurrent fan-outs wait for each other's rows in one order.
-const FAN_OUT_SQL: &str = "\
+/// event's kind, or for a test event its one undeleted webhook. Rows are inserted in key order,
+/// so that concurrent fan-outs wait for each other's rows in one order.
+macro_rules! fan_out_sql {
+    ($($rest:expr),+) => {
+        concat!(
+            "\
 WITH input AS (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::uuid[])
-        AS v(event_id, kind, incident_id, test_webhook_id)
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::uuid[]) WITH ORDINALITY
+        AS v(event_id, kind, incident_id, test_webhook_id, arrival)
 ), targets AS (
     SELECT v.event_id, v.kind, v.incident_id, w.id AS webhook_id
     FROM input v JOIN webhooks w
@@ -336,18 +377,38 @@ WITH input AS (
     UNION ALL
     SELECT v.event_id, v.kind, v.incident_id, w.id
     FROM input v JOIN webhooks w ON w.id = v.test_webhook_id AND w.deleted_at IS NULL
+), created AS (
+    INSERT INTO deliveries
+        (id, webhook_id, event_id, event, incident_id, state, next_attempt_at, created_at,
+         updated_at)
+    SELECT ",
+            uuid_v7_sql!(),
+            ",
+        t.webhook_id, t.event_id, t.kind, t.incident_id, 'pending', $5, $5, $5
+    FROM targets t
+    ORDER BY t.event_id, t.webhook_id
+    ON CONFLICT (event_id, webhook_id) DO NOTHING
+    RETURNING id, event_id, webhook_id
 )
-INSERT INTO deliveries
-    (id, webhook_id, event_id, event, incident_id, state, next_attempt_at, created_at, updated_at)
-SELECT
-    encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
-        PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
-        FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid,
-    t.webhook_id, t.event_id, t.kind, t.incident_id, 'pending', $5, $5, $5
-FROM targets t
-ORDER BY t.event_id, t.webhook_id
-ON CONFLICT (event_id, webhook_id) DO NOTHING
-RETURNING id, event_id, webhook_id";
+",
+            $($rest),+
+        )
+    };
+}
+
+/// The dispatcher's fan-out of an event message: the deliveries it created, to enqueue.
+const FAN_OUT_SQL: &str = fan_out_sql!("SELECT id, event_id, webhook_id FROM created");
+
+/// Fan-out in the transaction that records the events: the deliveries, and an outbox row for
+/// the first attempt of each, events in the order given.
+pub(crate) const FAN_OUT_TO_OUTBOX_SQL: &str = fan_out_sql!(
+    "INSERT INTO outbox (topic, headers, payload)
+SELECT ",
+    first_attempt_outbox_sql!(),
+    "
+FROM created d JOIN input v ON v.event_id = d.event_id
+ORDER BY v.arrival, d.webhook_id"
+);
 
 /// Everything needed to make an attempt.
 #[derive(Debug, Clone)]

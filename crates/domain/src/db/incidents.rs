@@ -8,6 +8,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use super::deliveries::{first_attempt_outbox_sql, uuid_v7_sql};
 use super::outbox::{self, NewEvent, Wake};
 use super::schema::incidents;
 use super::statement::Statement;
@@ -202,7 +203,7 @@ async fn open_all(
     now: OffsetDateTime,
     wake: Wake,
 ) -> Result<Option<Vec<Vec<SignalOutcome>>>, DbError> {
-    use diesel::sql_types::{Array, Bytea, Int4, Nullable, Text, Timestamptz};
+    use diesel::sql_types::{Array, Int4, Nullable, Text, Timestamptz};
     let signals: Vec<&AlertSignal> = bodies.iter().flatten().collect();
     let mut keys: Vec<&str> = signals.iter().map(|s| s.dedup_key.as_str()).collect();
     keys.sort_unstable();
@@ -242,7 +243,6 @@ async fn open_all(
     let descriptions = column(|(i, _)| i.description.as_deref());
     let event_ids: Vec<Uuid> = opening.iter().map(|(_, e)| e.id).collect();
     let event_bodies: Vec<&str> = opening.iter().map(|(_, e)| e.body.as_str()).collect();
-    let payloads: Vec<Vec<u8>> = opening.iter().map(|(_, e)| e.outbox_payload()).collect();
     let arrival: Vec<i32> = (0..opening.len())
         .map(|n| i32::try_from(n).unwrap_or(i32::MAX))
         .collect();
@@ -255,7 +255,6 @@ async fn open_all(
         .bind::<Array<Nullable<Text>>, _>(&descriptions)
         .bind::<Array<diesel::sql_types::Uuid>, _>(&event_ids)
         .bind::<Array<Text>, _>(&event_bodies)
-        .bind::<Array<Bytea>, _>(&payloads)
         .bind::<Array<Int4>, _>(&arrival)
         .bind::<Timestamptz, _>(now)
         .load(conn)
@@ -315,30 +314,50 @@ struct OpenedId {
     id: Uuid,
 }
 
-/// Opens an incident for each key without an open one, with its event and outbox row. Keys
-/// are inserted in key order (concurrent batches wait for each other in one order), outbox rows
-/// in the order the alerts came in. The conflict target's predicate is a literal: PostgreSQL
+/// Opens an incident for each key without an open one, with its event, a delivery for each
+/// webhook subscribed to `incidents.opened` and the outbox row of each delivery's first attempt
+/// (the fan-out of `outbox::record_events`, for this one kind). Keys are inserted in key order
+/// (concurrent batches wait for each other in one order), outbox rows in the order the alerts
+/// came in. The conflict target's predicate is a literal: PostgreSQL
 /// must match the partial index when planning, which a bound parameter does not allow.
-const OPEN_ALL_SQL: &str = "\
+const OPEN_ALL_SQL: &str = concat!(
+    "\
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-            $7::uuid[], $8::text[], $9::bytea[], $10::int4[])
-        AS v(id, dedup_key, title, severity, source, description, event_id, body, payload, arrival)
+            $7::uuid[], $8::text[], $9::int4[])
+        AS v(id, dedup_key, title, severity, source, description, event_id, body, arrival)
 ), opened AS (
     INSERT INTO incidents
         (id, dedup_key, title, severity, status, source, description, created_at, updated_at)
-    SELECT id, dedup_key, title, severity, 'triggered', source, description, $11, $11
+    SELECT id, dedup_key, title, severity, 'triggered', source, description, $10, $10
     FROM input ORDER BY dedup_key
     ON CONFLICT (dedup_key) WHERE status <> 'resolved' DO NOTHING
     RETURNING id
 ), recorded AS (
     INSERT INTO events (id, kind, incident_id, occurred_at, body)
-    SELECT v.event_id, 'incidents.opened', v.id, $11, v.body FROM input v JOIN opened o ON o.id = v.id
+    SELECT v.event_id, 'incidents.opened', v.id, $10, v.body FROM input v JOIN opened o ON o.id = v.id
+), fanned AS (
+    INSERT INTO deliveries
+        (id, webhook_id, event_id, event, incident_id, state, next_attempt_at, created_at,
+         updated_at)
+    SELECT ",
+    uuid_v7_sql!(),
+    ",
+        w.id, v.event_id, 'incidents.opened', v.id, 'pending', $10, $10, $10
+    FROM input v JOIN opened o ON o.id = v.id
+        JOIN webhooks w ON w.deleted_at IS NULL AND w.enabled
+            AND w.events @> ARRAY['incidents.opened']
+    ORDER BY v.event_id, w.id
+    RETURNING id, event_id, webhook_id
 ), queued AS (
-    INSERT INTO outbox (topic, payload)
-    SELECT 'event', v.payload FROM input v JOIN opened o ON o.id = v.id ORDER BY v.arrival
+    INSERT INTO outbox (topic, headers, payload)
+    SELECT ",
+    first_attempt_outbox_sql!(),
+    "
+    FROM fanned d JOIN input v ON v.event_id = d.event_id ORDER BY v.arrival, d.webhook_id
 )
-SELECT id FROM opened";
+SELECT id FROM opened"
+);
 
 async fn open_incident_for_update(
     conn: &mut AsyncPgConnection,

@@ -6,6 +6,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use super::deliveries::FAN_OUT_TO_OUTBOX_SQL;
 use super::schema::{events, outbox};
 use super::statement::Statement;
 use super::DbError;
@@ -110,20 +111,28 @@ pub async fn record_events(
         .values(&event_rows)
         .execute(conn)
         .await?;
-    let outbox_rows: Vec<_> = new
-        .iter()
-        .map(|e| {
-            (
-                outbox::topic.eq(Topic::Event.as_str()),
-                outbox::payload.eq(e.outbox_payload()),
-            )
-        })
-        .collect();
-    diesel::insert_into(outbox::table)
-        .values(&outbox_rows)
+    fan_out(conn, new).await?;
+    wake_relays(conn, wake).await
+}
+
+/// Creates the events' deliveries, one per subscribed webhook (DESIGN §2's fan-out, done in the
+/// transaction that records the events), and the outbox row of each one's first attempt. An
+/// event nobody subscribes to gets no row: nothing is published for it.
+async fn fan_out(conn: &mut AsyncPgConnection, new: &[NewEvent]) -> Result<(), DbError> {
+    use diesel::sql_types::{Array, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+    let ids: Vec<Uuid> = new.iter().map(|e| e.id).collect();
+    let kinds: Vec<&str> = new.iter().map(|e| e.kind.as_str()).collect();
+    let incidents: Vec<Uuid> = new.iter().map(|e| e.incident_id).collect();
+    let tests: Vec<Option<Uuid>> = new.iter().map(|e| e.test_webhook_id).collect();
+    Statement::new(FAN_OUT_TO_OUTBOX_SQL)
+        .bind::<Array<SqlUuid>, _>(&ids)
+        .bind::<Array<Text>, _>(&kinds)
+        .bind::<Array<SqlUuid>, _>(&incidents)
+        .bind::<Array<Nullable<SqlUuid>>, _>(&tests)
+        .bind::<Timestamptz, _>(OffsetDateTime::now_utc())
         .execute(conn)
         .await?;
-    wake_relays(conn, wake).await
+    Ok(())
 }
 
 /// Tells relays, as `wake` says, about outbox rows written in this transaction.
