@@ -51,7 +51,7 @@ impl DispatcherMetrics {
         )?;
         let deliveries_created = IntCounter::new(
             "tocsin_dispatcher_deliveries_created_total",
-            "Deliveries created by fan-out (one per subscribed webhook per event).",
+            "Deliveries created by this dispatcher's fan-out of event messages (new events get their deliveries when they are written).",
         )?;
         let deliveries_finished = IntCounterVec::new(
             Opts::new(

@@ -7,7 +7,7 @@
 //!
 //! The relay works on a connection of its own with `synchronous_commit = off`: its only write
 //! is the mark of rows already published and confirmed, and a mark lost in a PostgreSQL crash
-//! means those rows are published again, which fan-out and attempts absorb (at-least-once,
+//! means those rows are published again, which attempts absorb (at-least-once,
 //! DESIGN §2). Not waiting for the WAL flush keeps the relay's pass short.
 
 use std::sync::Arc;

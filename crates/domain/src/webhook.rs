@@ -22,11 +22,13 @@ pub enum InvalidName {
 impl WebhookName {
     pub const MAX_CHARS: usize = 100;
 
+    /// The name as given, surrounding spaces trimmed. The bound applies to what was sent, spaces
+    /// included, as the API's schema states it (`maxLength: 100`).
     pub fn parse(raw: &str) -> Result<Self, InvalidName> {
         let trimmed = raw.trim();
         if trimmed.is_empty() {
             Err(InvalidName::Empty)
-        } else if trimmed.chars().count() > Self::MAX_CHARS {
+        } else if raw.chars().count() > Self::MAX_CHARS {
             Err(InvalidName::TooLong)
         } else if trimmed.chars().any(char::is_control) {
             Err(InvalidName::ControlCharacter)
@@ -63,11 +65,12 @@ pub enum InvalidUrl {
 impl TargetUrl {
     pub const MAX_BYTES: usize = 2048;
 
+    /// The URL as given, surrounding spaces trimmed; the bound applies to what was sent.
     pub fn parse(raw: &str) -> Result<Self, InvalidUrl> {
-        let raw = raw.trim();
         if raw.len() > Self::MAX_BYTES {
             return Err(InvalidUrl::TooLong);
         }
+        let raw = raw.trim();
         let url = Url::parse(raw).map_err(|e| InvalidUrl::Parse(e.to_string()))?;
         if !matches!(url.scheme(), "http" | "https") {
             return Err(InvalidUrl::Scheme);
@@ -173,6 +176,12 @@ mod tests {
             WebhookName::parse(&"n".repeat(101)),
             Err(InvalidName::TooLong)
         );
+        // The schema's maxLength counts what was sent: 100 characters and a space are too many.
+        assert_eq!(
+            WebhookName::parse(&format!(" {}", "é".repeat(100))),
+            Err(InvalidName::TooLong)
+        );
+        assert!(WebhookName::parse(&format!(" {}", "é".repeat(99))).is_ok());
         assert_eq!(
             WebhookName::parse("a\r\nX-Injected: 1"),
             Err(InvalidName::ControlCharacter)
@@ -201,6 +210,13 @@ mod tests {
         );
         let long = format!("https://example.com/{}", "a".repeat(2100));
         assert_eq!(TargetUrl::parse(&long), Err(InvalidUrl::TooLong));
+        let at_limit = format!("https://example.com/{}", "a".repeat(2048 - 20));
+        assert!(TargetUrl::parse(&at_limit).is_ok());
+        assert_eq!(
+            TargetUrl::parse(&format!(" {at_limit}")),
+            Err(InvalidUrl::TooLong),
+            "the bound counts what was sent"
+        );
         // Header injection cannot survive URL parsing: control characters are stripped or refused.
         let parsed = TargetUrl::parse("https://example.com/a\r\nX: y");
         assert!(parsed.map(|u| !u.as_str().contains('\n')).unwrap_or(true));

@@ -66,7 +66,8 @@ pub struct TokenList {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewToken {
-    /// 1 to 100 characters (trimmed), no control characters; e.g. the sending tool.
+    /// At most 100 characters as sent and at least 1 once surrounding spaces are trimmed, no
+    /// control characters; e.g. the sending tool.
     #[schema(min_length = 1, max_length = 100, example = "alertmanager-prod")]
     pub name: String,
 }
@@ -83,8 +84,8 @@ pub struct ListQuery {
     pub cursor: Option<String>,
 }
 
-/// A token's name: the rules of a webhook name (1 to 100 characters once trimmed, no control
-/// characters).
+/// A token's name: the rules of a webhook name (at most 100 characters as sent, at least 1 once
+/// trimmed, no control characters).
 pub fn parse_name(raw: &str) -> Result<String, InvalidName> {
     WebhookName::parse(raw).map(|name| name.as_str().to_owned())
 }

@@ -108,7 +108,8 @@ pub struct WebhookList {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewWebhook {
-    /// 1 to 100 characters (trimmed), no control characters.
+    /// At most 100 characters as sent and at least 1 once surrounding spaces are trimmed, no
+    /// control characters.
     #[schema(min_length = 1, max_length = 100, example = "ops pager")]
     pub name: String,
     /// An absolute http or https URL, without credentials, at most 2048 bytes.

@@ -1,5 +1,6 @@
-//! The transactional outbox (DESIGN §2): events and manual retries are written here in the
-//! same transaction as the change that caused them; the relay publishes them to RabbitMQ.
+//! The transactional outbox (DESIGN §2): the first attempts of an event's deliveries and manual
+//! retries are written here in the same transaction as the change that caused them; the relay
+//! publishes them to RabbitMQ.
 
 use diesel::prelude::*;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
@@ -19,7 +20,8 @@ pub const NOTIFY_CHANNEL: &str = "tocsin_outbox";
 /// Where the relay publishes a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Topic {
-    /// To the event exchange, for fan-out.
+    /// To the event exchange, for the dispatcher's fan-out: rows written by an earlier version
+    /// (events now get their deliveries in the transaction that writes them).
     Event,
     /// To the delivery exchange, for one attempt.
     Delivery,
