@@ -34,11 +34,14 @@ pub(crate) async fn handle_delivery(ctx: Arc<Context>, message: Delivery) {
     // A webhook known to be slow gets its attempt deferred before anything is loaded for it.
     let slow = header_str(&message.properties, WEBHOOK_HEADER)
         .and_then(|id| id.parse().ok())
-        .is_some_and(|webhook| ctx.slots.is_slow(webhook));
-    let outcome = match DeliveryMessage::from_bytes(&message.data) {
-        Ok(_) if slow => Outcome::Defer,
-        Ok(parsed) => process(&ctx, parsed, trigger, requested).await,
-        Err(error) => Outcome::Park(format!("unreadable delivery message: {error}")),
+        .filter(|webhook| ctx.slots.is_slow(*webhook));
+    let outcome = match (DeliveryMessage::from_bytes(&message.data), slow) {
+        (Ok(_), Some(webhook)) => {
+            ctx.note_slow(webhook);
+            Outcome::Defer
+        }
+        (Ok(parsed), None) => process(&ctx, parsed, trigger, requested).await,
+        (Err(error), _) => Outcome::Park(format!("unreadable delivery message: {error}")),
     };
     ctx.finish(message, outcome, "deliveries").await;
 }
@@ -84,6 +87,9 @@ async fn process(
     }
 
     let Some(slot) = ctx.slots.take(job.webhook.id, SLOT_WAIT).await else {
+        if ctx.slots.is_slow(job.webhook.id) {
+            ctx.note_slow(job.webhook.id);
+        }
         tracing::debug!(delivery_id = %id, webhook_id = %job.webhook.id, "webhook at its in-flight limit; attempt deferred");
         return Outcome::Defer;
     };

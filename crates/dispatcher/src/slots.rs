@@ -52,6 +52,8 @@ struct InFlight {
     last_was_slow: bool,
     /// When the last request finished.
     last_finished: Option<Instant>,
+    /// When this dispatcher last told the writers that the webhook is slow.
+    marked: Option<Instant>,
 }
 
 impl InFlight {
@@ -114,6 +116,18 @@ impl WebhookSlots {
         };
         let in_flight = lock(&entry.in_flight);
         in_flight.is_slow(self.limit)
+    }
+
+    /// Whether to tell the writers now that `webhook` is slow: true at most once per `every`.
+    pub fn mark_due(&self, webhook: Uuid, every: Duration) -> bool {
+        let entry = lock(&self.webhooks).entry(webhook).or_default().clone();
+        let mut in_flight = lock(&entry.in_flight);
+        let now = Instant::now();
+        if in_flight.marked.is_some_and(|at| at + every > now) {
+            return false;
+        }
+        in_flight.marked = Some(now);
+        true
     }
 
     /// A slot for one request to `webhook`; `None` when the webhook is at its limit and slow
@@ -280,6 +294,18 @@ mod tests {
         for waiter in waiters {
             assert!(waiter.await.unwrap().is_none());
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_webhook_is_marked_at_most_once_per_period() {
+        let slots = WebhookSlots::new(1);
+        let (one, other) = (Uuid::now_v7(), Uuid::now_v7());
+        let every = Duration::from_secs(1);
+        assert!(slots.mark_due(one, every));
+        assert!(!slots.mark_due(one, every), "marked just now");
+        assert!(slots.mark_due(other, every), "each webhook on its own");
+        tokio::time::advance(every).await;
+        assert!(slots.mark_due(one, every));
     }
 
     #[tokio::test(start_paused = true)]

@@ -13,10 +13,10 @@ use prometheus::Registry;
 use tocsin_domain::amqp::messages::{
     DeliveryMessage, Trigger, ATTEMPT_HEADER, PARKED_REASON_HEADER, TRIGGER_HEADER,
 };
-use tocsin_domain::amqp::topology::DELIVERY_ROUTING_KEY;
+use tocsin_domain::amqp::topology::{DEFER_DELAY, DELIVERY_ROUTING_KEY};
 use tocsin_domain::amqp::{run_consumer, string_header, Broker, ConsumerOptions, Outgoing};
 use tocsin_domain::db::deliveries::{self, AttemptRecord, FanOut, FannedOut};
-use tocsin_domain::db::{self, DbBatcher, DbError, DbPool};
+use tocsin_domain::db::{self, webhooks, DbBatcher, DbError, DbPool};
 use tocsin_domain::RetrySchedule;
 use tocsin_web::{Background, HttpMetrics, Readiness, Service};
 use tokio_util::sync::CancellationToken;
@@ -84,6 +84,9 @@ pub(crate) struct Context {
     pub stopped: DbBatcher<Uuid, ()>,
 }
 
+/// How often a dispatcher renews a slow webhook's mark in PostgreSQL while it finds it slow.
+const SLOW_MARK_EVERY: Duration = Duration::from_secs(1);
+
 /// Largest batch of fan-outs or attempt rows written in one transaction.
 const MAX_BATCH: usize = 64;
 /// Transactions of each kind in flight at once (each holds a pooled connection meanwhile).
@@ -98,6 +101,27 @@ impl Context {
             body: DeliveryMessage { delivery_id }.to_bytes(),
             headers: attempt_headers(attempt),
         }
+    }
+
+    /// Tells the writers that `webhook` is slow (in the background, at most once a second):
+    /// for [`DEFER_DELAY`] the first attempts of its new deliveries go straight to the deferral
+    /// queue. A failure only means they come through the delivery queue meanwhile.
+    pub fn note_slow(&self, webhook: Uuid) {
+        if !self.slots.mark_due(webhook, SLOW_MARK_EVERY) {
+            return;
+        }
+        let pool = self.pool.clone();
+        tokio::spawn(async move {
+            let marked = match pool.get().await {
+                Ok(mut conn) => webhooks::mark_slow(&mut conn, webhook, DEFER_DELAY)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(error) => Err(error.to_string()),
+            };
+            if let Err(error) = marked {
+                tracing::debug!(%webhook, %error, "could not mark a slow webhook");
+            }
+        });
     }
 
     /// A message asking for automatic attempt `attempt` once it has waited in the deferral

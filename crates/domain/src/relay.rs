@@ -221,13 +221,18 @@ impl OutboxRelay {
     fn outgoing(&self, row: &OutboxRow) -> Outgoing {
         let topology = self.broker.topology();
         let (exchange, routing_key) = match row.topic() {
-            Some(Topic::Delivery) => (topology.deliveries_exchange(), DELIVERY_ROUTING_KEY),
-            // The table's CHECK admits only the two topics.
-            Some(Topic::Event) | None => (topology.events_exchange(), EVENT_ROUTING_KEY),
+            Some(Topic::Delivery) => (
+                topology.deliveries_exchange(),
+                DELIVERY_ROUTING_KEY.to_owned(),
+            ),
+            // Through the default exchange, by the queue's name, as the dispatcher defers.
+            Some(Topic::Deferred) => (String::new(), topology.deferred_queue()),
+            // The table's CHECK admits only these topics.
+            Some(Topic::Event) | None => (topology.events_exchange(), EVENT_ROUTING_KEY.to_owned()),
         };
         Outgoing {
             exchange,
-            routing_key: routing_key.to_owned(),
+            routing_key,
             body: row.payload.clone(),
             headers: headers_from_json(&row.headers),
         }

@@ -235,6 +235,54 @@ async fn the_relay_publishes_a_committed_row_exactly_once() {
 }
 
 #[tokio::test]
+async fn a_first_attempt_to_a_webhook_marked_slow_goes_to_the_deferral_queue() {
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    let broker = config(&db, &prefix, "0s").broker("test");
+    let relay = OutboxRelay::new(
+        db.pool(),
+        broker.clone(),
+        &db.url,
+        Duration::from_secs(1),
+        &Registry::new(),
+    )
+    .unwrap();
+    let webhook = subscribe(&db).await;
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    webhooks::mark_slow(&mut conn, webhook, Duration::from_secs(60))
+        .await
+        .unwrap();
+    open_incident(&db, "marked").await;
+    assert_eq!(relay.drain().await.unwrap(), 1);
+    let topology = broker.topology();
+    assert!(drain_queue(&broker, &topology.delivery_queue())
+        .await
+        .is_empty());
+    let deferred = drain_queue(&broker, &topology.deferred_queue()).await;
+    assert_eq!(deferred.len(), 1);
+    assert_eq!(header_int(&deferred[0].properties, ATTEMPT_HEADER), Some(1));
+    let message = DeliveryMessage::from_bytes(&deferred[0].data).unwrap();
+    assert_eq!(
+        deliveries::get(&mut conn, message.delivery_id)
+            .await
+            .unwrap()
+            .webhook_id,
+        webhook
+    );
+
+    // Once the mark has passed, first attempts go to the delivery queue again.
+    webhooks::mark_slow(&mut conn, webhook, Duration::ZERO)
+        .await
+        .unwrap();
+    open_incident(&db, "after").await;
+    assert_eq!(relay.drain().await.unwrap(), 1);
+    assert_eq!(
+        drain_queue(&broker, &topology.delivery_queue()).await.len(),
+        1
+    );
+}
+
+#[tokio::test]
 async fn the_relay_wakes_on_commit_and_catches_up_after_a_broker_outage() {
     let db = TestDb::new().await;
     let prefix = TestPrefix::new();

@@ -340,13 +340,16 @@ macro_rules! uuid_v7_sql {
 pub(crate) use uuid_v7_sql;
 
 /// The outbox row that asks for a new delivery's first attempt, as `(topic, headers,
-/// payload)` columns from `d` (the delivery: `id`, `webhook_id`): the message the dispatcher's
-/// own fan-out publishes ([`crate::amqp::messages::DeliveryMessage`], attempt 1, automatic),
-/// with the webhook's id in a header so that a dispatcher can defer an attempt to a slow
-/// webhook without loading the delivery.
+/// payload)` columns from `d` (the delivery: `id`, `webhook_id`) and `w` (its webhook): the
+/// message the dispatcher's own fan-out publishes
+/// ([`crate::amqp::messages::DeliveryMessage`], attempt 1, automatic), with the webhook's id in
+/// a header so that a dispatcher can defer an attempt to a slow webhook without loading the
+/// delivery. For a webhook a dispatcher marked slow (`slow_until`), the row goes to the
+/// deferral queue (topic `deferred`) rather than the delivery queue, where a dispatcher would
+/// only take it to defer it.
 macro_rules! first_attempt_outbox_sql {
     () => {
-        "'delivery',
+        "CASE WHEN w.slow_until > now() THEN 'deferred' ELSE 'delivery' END,
         jsonb_build_object('tocsin-attempt', 1, 'tocsin-trigger', 'automatic',
             'tocsin-webhook', d.webhook_id::text),
         convert_to(jsonb_build_object('delivery_id', d.id)::text, 'UTF8')"
@@ -406,7 +409,7 @@ pub(crate) const FAN_OUT_TO_OUTBOX_SQL: &str = fan_out_sql!(
 SELECT ",
     first_attempt_outbox_sql!(),
     "
-FROM created d JOIN input v ON v.event_id = d.event_id
+FROM created d JOIN input v ON v.event_id = d.event_id JOIN webhooks w ON w.id = d.webhook_id
 ORDER BY v.arrival, d.webhook_id"
 );
 

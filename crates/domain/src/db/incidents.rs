@@ -354,7 +354,8 @@ WITH input AS (
     SELECT ",
     first_attempt_outbox_sql!(),
     "
-    FROM fanned d JOIN input v ON v.event_id = d.event_id ORDER BY v.arrival, d.webhook_id
+    FROM fanned d JOIN input v ON v.event_id = d.event_id JOIN webhooks w ON w.id = d.webhook_id
+    ORDER BY v.arrival, d.webhook_id
 )
 SELECT id FROM opened"
 );

@@ -25,6 +25,9 @@ pub enum Topic {
     Event,
     /// To the delivery exchange, for one attempt.
     Delivery,
+    /// To the deferral queue, for one attempt once it has waited there: the first attempt of a
+    /// delivery to a webhook a dispatcher marked slow.
+    Deferred,
 }
 
 impl Topic {
@@ -32,6 +35,7 @@ impl Topic {
         match self {
             Topic::Event => "event",
             Topic::Delivery => "delivery",
+            Topic::Deferred => "deferred",
         }
     }
 }
@@ -195,6 +199,7 @@ impl OutboxRow {
         match self.topic.as_str() {
             "event" => Some(Topic::Event),
             "delivery" => Some(Topic::Delivery),
+            "deferred" => Some(Topic::Deferred),
             _ => None,
         }
     }

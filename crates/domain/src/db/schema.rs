@@ -52,6 +52,7 @@ diesel::table! {
         created_at -> Timestamptz,
         updated_at -> Timestamptz,
         deleted_at -> Nullable<Timestamptz>,
+        slow_until -> Nullable<Timestamptz>,
     }
 }
 

@@ -9,6 +9,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::schema::{deliveries, webhooks};
+use super::statement::Statement;
 use super::{Cursor, DbError, Page};
 use crate::{EventKind, RetrySettings, TargetUrl, WebhookName, WebhookSecret};
 
@@ -117,6 +118,25 @@ pub struct NewWebhook {
 
 fn event_texts(events: &BTreeSet<EventKind>) -> Vec<String> {
     events.iter().map(|e| e.as_str().to_owned()).collect()
+}
+
+/// Marks a webhook slow for `period` from now (the database's clock): meanwhile the first
+/// attempts of its new deliveries are written for the deferral queue instead of the delivery
+/// queue (see `deliveries::first_attempt_outbox_sql`).
+pub async fn mark_slow(
+    conn: &mut AsyncPgConnection,
+    id: Uuid,
+    period: std::time::Duration,
+) -> Result<(), DbError> {
+    let millis = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
+    Statement::new(
+        "UPDATE webhooks SET slow_until = now() + $2 * interval '1 millisecond' WHERE id = $1",
+    )
+    .bind::<diesel::sql_types::Uuid, _>(id)
+    .bind::<diesel::sql_types::BigInt, _>(millis)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// Creates a webhook with a new secret.
