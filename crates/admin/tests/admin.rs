@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use diesel::sql_types::{BigInt, Bytea, Jsonb, Text, Timestamptz, Uuid as SqlUuid};
+use diesel::sql_types::{Bytea, Jsonb, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -132,17 +132,7 @@ impl TestAdmin {
     }
 
     async fn count(&self, table_and_condition: &str) -> i64 {
-        #[derive(diesel::QueryableByName)]
-        struct N {
-            #[diesel(sql_type = BigInt)]
-            n: i64,
-        }
-        let mut conn = self.conn().await;
-        diesel::sql_query(format!("SELECT count(*) AS n FROM {table_and_condition}"))
-            .load::<N>(&mut conn)
-            .await
-            .unwrap()[0]
-            .n
+        self.db.count(table_and_condition).await
     }
 
     /// Outbox rows of manual retries: (headers, payload). (Each new delivery's first attempt

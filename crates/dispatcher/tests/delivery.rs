@@ -516,11 +516,13 @@ async fn a_webhook_at_its_in_flight_limit_defers_instead_of_taking_every_slot() 
     // to the hanging webhook is written for the deferral queue, and one to the healthy webhook
     // for the delivery queue.
     wait_until("the hanging webhook marked slow", DEADLINE, || async {
-        count(
-            &harness,
-            &format!("webhooks WHERE id = '{}' AND slow_until > now()", stuck.id),
-        )
-        .await
+        harness
+            .db
+            .count(&format!(
+                "webhooks WHERE id = '{}' AND slow_until > now()",
+                stuck.id
+            ))
+            .await
             == 1
     })
     .await;
@@ -534,41 +536,23 @@ async fn a_webhook_at_its_in_flight_limit_defers_instead_of_taking_every_slot() 
         )
     };
     assert_eq!(
-        count(
-            &harness,
-            &format!("{} AND o.topic = 'deferred'", topic_of(stuck.id))
-        )
-        .await,
+        harness
+            .db
+            .count(&format!("{} AND o.topic = 'deferred'", topic_of(stuck.id)))
+            .await,
         1
     );
     assert_eq!(
-        count(
-            &harness,
-            &format!("{} AND o.topic = 'delivery'", topic_of(good.id))
-        )
-        .await,
+        harness
+            .db
+            .count(&format!("{} AND o.topic = 'delivery'", topic_of(good.id)))
+            .await,
         1
     );
     harness
         .wait_state(good.id, 13, DeliveryState::Succeeded)
         .await;
     harness.stop().await;
-}
-
-/// Rows of `table_and_condition`.
-async fn count(harness: &Harness, table_and_condition: &str) -> i64 {
-    use diesel_async::RunQueryDsl;
-    #[derive(diesel::QueryableByName)]
-    struct N {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        n: i64,
-    }
-    let mut conn = harness.conn().await;
-    diesel::sql_query(format!("SELECT count(*) AS n FROM {table_and_condition}"))
-        .load::<N>(&mut conn)
-        .await
-        .unwrap()[0]
-        .n
 }
 
 #[tokio::test]

@@ -66,6 +66,20 @@ async fn subscribe(db: &TestDb) -> uuid::Uuid {
     webhooks::create(&mut conn, &new).await.unwrap().id
 }
 
+/// A broker handle and a relay over it, drained by hand (its fallback poll is not running).
+fn broker_and_relay(db: &TestDb, prefix: &TestPrefix) -> (Broker, OutboxRelay) {
+    let broker = config(db, prefix, "0s").broker("test");
+    let relay = OutboxRelay::new(
+        db.pool(),
+        broker.clone(),
+        &db.url,
+        Duration::from_secs(1),
+        &Registry::new(),
+    )
+    .unwrap();
+    (broker, relay)
+}
+
 /// Takes every message waiting in a queue.
 async fn drain_queue(broker: &Broker, queue: &str) -> Vec<lapin::message::Delivery> {
     let channel = broker.channel().await.unwrap();
@@ -198,16 +212,7 @@ async fn unroutable_publishes_are_errors() {
 async fn the_relay_publishes_a_committed_row_exactly_once() {
     let db = TestDb::new().await;
     let prefix = TestPrefix::new();
-    let config = config(&db, &prefix, "0s");
-    let broker = config.broker("test");
-    let relay = OutboxRelay::new(
-        db.pool(),
-        broker.clone(),
-        &db.url,
-        Duration::from_secs(1),
-        &Registry::new(),
-    )
-    .unwrap();
+    let (broker, relay) = broker_and_relay(&db, &prefix);
     let webhook = subscribe(&db).await;
     open_incident(&db, "once").await;
 
@@ -238,15 +243,7 @@ async fn the_relay_publishes_a_committed_row_exactly_once() {
 async fn a_first_attempt_to_a_webhook_marked_slow_goes_to_the_deferral_queue() {
     let db = TestDb::new().await;
     let prefix = TestPrefix::new();
-    let broker = config(&db, &prefix, "0s").broker("test");
-    let relay = OutboxRelay::new(
-        db.pool(),
-        broker.clone(),
-        &db.url,
-        Duration::from_secs(1),
-        &Registry::new(),
-    )
-    .unwrap();
+    let (broker, relay) = broker_and_relay(&db, &prefix);
     let webhook = subscribe(&db).await;
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
     webhooks::mark_slow(&mut conn, webhook, Duration::from_secs(60))

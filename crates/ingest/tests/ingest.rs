@@ -137,17 +137,7 @@ impl TestIngest {
     }
 
     async fn count(&self, table: &str) -> i64 {
-        #[derive(diesel::QueryableByName)]
-        struct N {
-            #[diesel(sql_type = diesel::sql_types::BigInt)]
-            n: i64,
-        }
-        let mut conn = self.conn().await;
-        diesel::sql_query(format!("SELECT count(*) AS n FROM {table}"))
-            .load::<N>(&mut conn)
-            .await
-            .unwrap()[0]
-            .n
+        self.db.count(table).await
     }
 
     /// Event kinds whose deliveries were published to the delivery queue so far (one webhook

@@ -103,6 +103,23 @@ impl TestDb {
         Self::try_new().await.expect("creating a test database")
     }
 
+    /// Rows of `table_and_condition`, e.g. `"deliveries WHERE state = 'failed'"`.
+    pub async fn count(&self, table_and_condition: &str) -> i64 {
+        #[derive(diesel::QueryableByName)]
+        struct N {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        let mut conn = AsyncPgConnection::establish(&self.url)
+            .await
+            .expect("connecting to the test database");
+        diesel::sql_query(format!("SELECT count(*) AS n FROM {table_and_condition}"))
+            .load::<N>(&mut conn)
+            .await
+            .expect("counting rows")[0]
+            .n
+    }
+
     /// A database of its own with no tables (to test migrations themselves).
     pub async fn empty() -> TestDb {
         let name = format!("tocsin_test_{}", uuid::Uuid::new_v4().simple());
