@@ -6,12 +6,12 @@
 //! at its limit is slow when the oldest request in flight to it has run for [`SLOW_AFTER`]
 //! already, or when its last finished request took that long; an attempt for a slow webhook is
 //! not made now: its message waits in the deferral queue and comes back, so it holds no
-//! delivery slot meanwhile. A waiting attempt gives up as soon as its webhook turns slow. Unless
-//! a request to the webhook finished within [`SLOW_AFTER`] (it is answering: a deep queue of
-//! deliveries to a quick target waits for its slots instead of going round the deferral
-//! queue), at most as many attempts wait for one webhook as it may have in flight, so the
-//! waiters of a webhook that just stopped answering hold no more than their share of the
-//! dispatcher's slots.
+//! delivery slot meanwhile. A waiting attempt gives up as soon as its webhook turns slow. At most
+//! as many attempts wait for one webhook as it may have in flight, so the waiters of a webhook
+//! that just stopped answering hold no more than their share of the dispatcher's slots; while
+//! its requests are finishing (one finished within [`SLOW_AFTER`]), as many as can expect a
+//! slot within [`SLOW_AFTER`] at its recent request time, so that a deep queue of deliveries to
+//! a quick target waits for its slots instead of going round the deferral queue.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -52,6 +52,8 @@ struct InFlight {
     last_was_slow: bool,
     /// When the last request finished.
     last_finished: Option<Instant>,
+    /// Recent request time: a moving average of the finished requests' durations.
+    recent: Option<Duration>,
     /// When this dispatcher last told the writers that the webhook is slow.
     marked: Option<Instant>,
 }
@@ -65,10 +67,21 @@ impl InFlight {
             .map(|started| *started + SLOW_AFTER)
     }
 
-    /// A request finished within [`SLOW_AFTER`]: the webhook is answering.
-    fn answering(&self) -> bool {
-        self.last_finished
-            .is_some_and(|at| at + SLOW_AFTER > Instant::now())
+    /// How many attempts may wait for a slot: the limit; or, while requests are finishing (one
+    /// finished within [`SLOW_AFTER`]), as many as can expect a slot within [`SLOW_AFTER`] at
+    /// the recent request time, if that is more.
+    fn waiting_places(&self, limit: usize) -> usize {
+        let answering = self
+            .last_finished
+            .is_some_and(|at| at + SLOW_AFTER > Instant::now());
+        match self.recent {
+            Some(recent) if answering => {
+                let turns = SLOW_AFTER.as_secs_f64() / recent.as_secs_f64().max(1e-6);
+                // Saturating: a quick webhook gets as many places as there are attempts.
+                limit.max((limit as f64 * turns) as usize)
+            }
+            _ => limit,
+        }
     }
 
     /// At `limit` and slow: an attempt now would be deferred.
@@ -89,8 +102,13 @@ impl Drop for Slot {
     fn drop(&mut self) {
         let mut in_flight = lock(&self.webhook.in_flight);
         if let Some(started) = in_flight.started.remove(&self.number) {
-            in_flight.last_was_slow = started.elapsed() >= SLOW_AFTER;
+            let took = started.elapsed();
+            in_flight.last_was_slow = took >= SLOW_AFTER;
             in_flight.last_finished = Some(Instant::now());
+            in_flight.recent = Some(match in_flight.recent {
+                Some(recent) => recent.mul_f64(0.8) + took.mul_f64(0.2),
+                None => took,
+            });
         }
         drop(in_flight);
         self.webhook.freed.notify_one();
@@ -131,8 +149,8 @@ impl WebhookSlots {
     }
 
     /// A slot for one request to `webhook`; `None` when the webhook is at its limit and slow
-    /// (now or while waiting), when as many attempts as its limit wait for it already and none
-    /// of its requests finished within [`SLOW_AFTER`], or when no slot freed within `wait`.
+    /// (now or while waiting), when its waiting places are taken, or when no slot freed within
+    /// `wait`.
     pub async fn take(&self, webhook: Uuid, wait: Duration) -> Option<Slot> {
         let entry = lock(&self.webhooks).entry(webhook).or_default().clone();
         let deadline = Instant::now() + wait;
@@ -154,7 +172,7 @@ impl WebhookSlots {
                     return None;
                 }
                 if waiting.is_none() {
-                    if in_flight.waiting >= self.limit && !in_flight.answering() {
+                    if in_flight.waiting >= in_flight.waiting_places(self.limit) {
                         return None;
                     }
                     in_flight.waiting += 1;
@@ -270,9 +288,10 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn more_attempts_than_its_limit_wait_for_a_webhook_that_is_answering() {
+    async fn more_attempts_than_its_limit_wait_for_a_webhook_that_answers_quickly() {
         let slots = Arc::new(WebhookSlots::new(1));
         let webhook = Uuid::now_v7();
+        // A request that took no time at all finished just now.
         drop(slots.take(webhook, SLOT_WAIT).await.unwrap());
         let _held = slots.take(webhook, SLOT_WAIT).await.unwrap();
         let waiters: Vec<_> = (0..3)
@@ -282,18 +301,37 @@ mod tests {
             tokio::task::yield_now().await;
         }
         let entry = lock(&slots.webhooks)[&webhook].clone();
-        assert_eq!(
-            lock(&entry.in_flight).waiting,
-            3,
-            "a request finished just now: all three wait"
-        );
-        // Once no request has finished for SLOW_AFTER, the cap holds again (and the one in
-        // flight has turned slow, so the waiters give up).
-        tokio::time::advance(SLOW_AFTER).await;
-        assert!(slots.take(webhook, SLOT_WAIT).await.is_none());
-        for waiter in waiters {
-            assert!(waiter.await.unwrap().is_none());
+        assert_eq!(lock(&entry.in_flight).waiting, 3, "all three wait");
+        assert!(waiters.iter().all(|w| !w.is_finished()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_webhook_answering_in_200_ms_gets_the_places_that_can_expect_a_slot_in_250() {
+        let slots = Arc::new(WebhookSlots::new(4));
+        let webhook = Uuid::now_v7();
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(slots.take(webhook, SLOT_WAIT).await.unwrap());
         }
+        tokio::time::advance(Duration::from_millis(200)).await;
+        held.clear();
+        for _ in 0..4 {
+            held.push(slots.take(webhook, SLOT_WAIT).await.unwrap());
+        }
+        // 4 in flight at 200 ms each free a slot every 50 ms: 5 can expect one within 250 ms.
+        let waiters: Vec<_> = (0..6)
+            .map(|_| spawn_take(&slots, webhook, SLOT_WAIT))
+            .collect();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let entry = lock(&slots.webhooks)[&webhook].clone();
+        assert_eq!(lock(&entry.in_flight).waiting, 5);
+        assert_eq!(
+            waiters.iter().filter(|w| w.is_finished()).count(),
+            1,
+            "the sixth was refused at once"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -765,17 +765,37 @@ pub async fn mark_failed_all(
 /// Unfinished deliveries whose next attempt is overdue by more than `grace`: the sweeper
 /// re-enqueues them. Their `next_attempt_at` is pushed `grace` ahead so they are not taken twice.
 /// Returns `(delivery id, automatic attempts made)`.
+///
+/// A delivery waiting for its first automatic attempt has that attempt's message in the outbox,
+/// written with it. While the outbox holds rows older than `grace` that are not published yet
+/// (RabbitMQ was down, the relays are catching up), such deliveries are left to the relays:
+/// sent by both, they would reach the delivery queue twice.
 pub async fn claim_overdue(
     conn: &mut AsyncPgConnection,
     grace: std::time::Duration,
     limit: i64,
 ) -> Result<Vec<(Uuid, i32)>, DbError> {
+    use super::schema::outbox;
+    use diesel::IntoSql;
     conn.transaction::<_, DbError, _>(async |conn| {
         let now = OffsetDateTime::now_utc();
         let grace = time::Duration::try_from(grace).unwrap_or(time::Duration::MINUTE);
+        let relays_behind: bool = diesel::select(diesel::dsl::exists(
+            outbox::table
+                .filter(outbox::published_at.is_null())
+                .filter(outbox::created_at.lt(now - grace)),
+        ))
+        .get_result(conn)
+        .await?;
         let due: Vec<(Uuid, i32)> = deliveries::table
             .filter(deliveries::state.eq_any(["pending", "retrying"]))
             .filter(deliveries::next_attempt_at.lt(now - grace))
+            .filter(
+                deliveries::state
+                    .ne("pending")
+                    .or(deliveries::auto_attempts.gt(0))
+                    .or((!relays_behind).into_sql::<diesel::sql_types::Bool>()),
+            )
             .order(deliveries::next_attempt_at)
             .limit(limit)
             .select((deliveries::id, deliveries::auto_attempts))
