@@ -192,18 +192,16 @@ pub async fn create_for_event(
 /// Rows per `INSERT`: PostgreSQL takes at most 65 535 bind parameters per statement.
 const INSERT_CHUNK: usize = 5_000;
 
-/// Inserts a pending delivery for each `(event id, webhook id)` pair not delivered yet; returns
-/// `(delivery id, event id)` of those created.
+/// Inserts a pending delivery for each `(event id, webhook id)` pair not delivered yet.
 async fn insert_pending(
     conn: &mut AsyncPgConnection,
     pairs: &[(Uuid, Uuid)],
     meta: &HashMap<Uuid, (EventKind, Uuid)>,
-) -> Result<Vec<(Uuid, Uuid)>, DbError> {
+) -> Result<(), DbError> {
     let now = OffsetDateTime::now_utc();
     // In key order, so that concurrent batches wait for each other's rows in one order.
     let mut pairs = pairs.to_vec();
     pairs.sort_unstable();
-    let mut created = Vec::new();
     for chunk in pairs.chunks(INSERT_CHUNK) {
         let rows: Vec<_> = chunk
             .iter()
@@ -222,16 +220,14 @@ async fn insert_pending(
                 ))
             })
             .collect();
-        let inserted: Vec<(Uuid, Uuid)> = diesel::insert_into(deliveries::table)
+        diesel::insert_into(deliveries::table)
             .values(&rows)
             .on_conflict((deliveries::event_id, deliveries::webhook_id))
             .do_nothing()
-            .returning((deliveries::id, deliveries::event_id))
-            .get_results(conn)
+            .execute(conn)
             .await?;
-        created.extend(inserted);
     }
-    Ok(created)
+    Ok(())
 }
 
 /// An event to fan out: one delivery per enabled webhook subscribed to its kind, or for a test

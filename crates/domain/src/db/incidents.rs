@@ -318,8 +318,8 @@ struct OpenedId {
 /// webhook subscribed to `incidents.opened` and the outbox row of each delivery's first attempt
 /// (the fan-out of `outbox::record_events`, for this one kind). Keys are inserted in key order
 /// (concurrent batches wait for each other in one order), outbox rows in the order the alerts
-/// came in. The conflict target's predicate is a literal: PostgreSQL
-/// must match the partial index when planning, which a bound parameter does not allow.
+/// came in. The conflict target's predicate is a literal: PostgreSQL must match the partial
+/// index when planning, which a bound parameter does not allow.
 const OPEN_ALL_SQL: &str = concat!(
     "\
 WITH input AS (

@@ -11,7 +11,7 @@ use super::deliveries::FAN_OUT_TO_OUTBOX_SQL;
 use super::schema::{events, outbox};
 use super::statement::Statement;
 use super::DbError;
-use crate::amqp::messages::{DeliveryMessage, EventMessage, Trigger};
+use crate::amqp::messages::{DeliveryMessage, Trigger};
 use crate::{EventKind, EventPayload};
 
 /// PostgreSQL channel notified when outbox rows are committed, so relays wake at once.
@@ -61,20 +61,6 @@ impl NewEvent {
             occurred_at: payload.timestamp,
             body: payload.to_body(),
             test_webhook_id,
-        }
-    }
-
-    /// The outbox row's payload: the message the relay publishes for this event.
-    pub fn outbox_payload(&self) -> Vec<u8> {
-        self.message().to_bytes()
-    }
-
-    fn message(&self) -> EventMessage {
-        EventMessage {
-            event_id: self.id,
-            event: self.kind,
-            incident_id: self.incident_id,
-            test_webhook_id: self.test_webhook_id,
         }
     }
 }
