@@ -35,24 +35,10 @@ async fn fan_out(ctx: &Context, event: &EventMessage, redelivered: bool) -> Outc
         Ok(fanned) => fanned,
         Err(outcome) => return outcome,
     };
-    let mut deferred = 0;
-    let messages: Vec<_> = to_enqueue
-        .iter()
-        .map(|waiting| {
-            if ctx.slots.is_slow(waiting.webhook_id) {
-                deferred += 1;
-                ctx.deferred_message(waiting.delivery_id, 1)
-            } else {
-                ctx.attempt_message(waiting.delivery_id, 1)
-            }
-        })
-        .collect();
-    if let Err(error) = ctx.broker.publish_all(&messages).await {
+    if let Err(error) = ctx.enqueue_first_attempts(&to_enqueue).await {
         tracing::warn!(%error, event_id = %event.event_id, "could not enqueue deliveries; the event will be redelivered");
         return Outcome::Requeue;
     }
-    // Counted once confirmed, as the consumers' deferrals are.
-    ctx.metrics.deferred.inc_by(deferred);
     ctx.metrics.deliveries_created.inc_by(created as u64);
     tracing::debug!(event_id = %event.event_id, event = %event.event, deliveries = created, "fanned out");
     Outcome::Done

@@ -6,6 +6,7 @@
 mod config;
 mod deliver;
 mod fanout;
+mod held;
 mod metrics;
 mod slots;
 mod ssrf;

@@ -16,6 +16,7 @@ pub(crate) struct DispatcherMetrics {
     pub deliveries_finished: IntCounterVec,
     pub parked: IntCounterVec,
     pub swept: IntCounter,
+    pub released: IntCounter,
     pub deferred: IntCounter,
     pub queue_messages: IntGaugeVec,
     pub unfinished: IntGaugeVec,
@@ -71,6 +72,10 @@ impl DispatcherMetrics {
             "tocsin_dispatcher_swept_total",
             "Overdue deliveries re-enqueued by the sweeper.",
         )?;
+        let released = IntCounter::new(
+            "tocsin_dispatcher_released_total",
+            "Held deliveries (created while their webhook was marked slow) released and enqueued once the mark lapsed.",
+        )?;
         let deferred = IntCounter::new(
             "tocsin_dispatcher_deferred_total",
             "Attempts put off for a few seconds (deferral queue) because their webhook had TOCSIN_WEBHOOK_CONCURRENCY requests in flight.",
@@ -99,6 +104,7 @@ impl DispatcherMetrics {
         registry.register(Box::new(deliveries_finished.clone()))?;
         registry.register(Box::new(parked.clone()))?;
         registry.register(Box::new(swept.clone()))?;
+        registry.register(Box::new(released.clone()))?;
         registry.register(Box::new(deferred.clone()))?;
         // Export these series at 0 from the start, so that dashboards and `increase()` in the
         // alert rules see the first occurrence (a series that appears at 1 shows no increase).
@@ -117,6 +123,7 @@ impl DispatcherMetrics {
             deliveries_finished,
             parked,
             swept,
+            released,
             deferred,
             queue_messages,
             unfinished,

@@ -136,6 +136,19 @@ impl WebhookSlots {
         in_flight.is_slow(self.limit)
     }
 
+    /// The webhooks at their limit and slow now.
+    pub fn slow_webhooks(&self) -> Vec<Uuid> {
+        let webhooks: Vec<(Uuid, Arc<Webhook>)> = lock(&self.webhooks)
+            .iter()
+            .map(|(id, entry)| (*id, entry.clone()))
+            .collect();
+        webhooks
+            .into_iter()
+            .filter(|(_, entry)| lock(&entry.in_flight).is_slow(self.limit))
+            .map(|(id, _)| id)
+            .collect()
+    }
+
     /// Whether to tell the writers now that `webhook` is slow: true at most once per `every`.
     pub fn mark_due(&self, webhook: Uuid, every: Duration) -> bool {
         let entry = lock(&self.webhooks).entry(webhook).or_default().clone();

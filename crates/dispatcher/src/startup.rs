@@ -1,5 +1,5 @@
-//! Building the dispatcher: its shared context, the two consumers, the sweeper and the health
-//! and metrics server.
+//! Building the dispatcher: its shared context, the two consumers, the sweeper, the release of
+//! held deliveries and the health and metrics server.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,8 +14,10 @@ use tocsin_domain::amqp::messages::{
     DeliveryMessage, Trigger, ATTEMPT_HEADER, PARKED_REASON_HEADER, TRIGGER_HEADER,
 };
 use tocsin_domain::amqp::topology::{DEFER_DELAY, DELIVERY_ROUTING_KEY};
-use tocsin_domain::amqp::{run_consumer, string_header, Broker, ConsumerOptions, Outgoing};
-use tocsin_domain::db::deliveries::{self, AttemptRecord, FanOut, FannedOut};
+use tocsin_domain::amqp::{
+    run_consumer, string_header, Broker, BrokerError, ConsumerOptions, Outgoing,
+};
+use tocsin_domain::db::deliveries::{self, AttemptRecord, FanOut, FannedOut, Waiting};
 use tocsin_domain::db::{self, webhooks, DbBatcher, DbError, DbPool};
 use tocsin_domain::RetrySchedule;
 use tocsin_web::{Background, HttpMetrics, Readiness, Service};
@@ -104,8 +106,8 @@ impl Context {
     }
 
     /// Tells the writers that `webhook` is slow (in the background, at most once a second):
-    /// for [`DEFER_DELAY`] the first attempts of its new deliveries go straight to the deferral
-    /// queue. A failure only means they come through the delivery queue meanwhile.
+    /// for [`DEFER_DELAY`] its new deliveries are held in PostgreSQL (see [`crate::held`]). A
+    /// failure only means they come through the delivery queue meanwhile.
     pub fn note_slow(&self, webhook: Uuid) {
         if !self.slots.mark_due(webhook, SLOW_MARK_EVERY) {
             return;
@@ -122,6 +124,28 @@ impl Context {
                 tracing::debug!(%webhook, %error, "could not mark a slow webhook");
             }
         });
+    }
+
+    /// Publishes the first attempts of `waiting` deliveries, confirmed: to the deferral queue
+    /// for a webhook this dispatcher finds slow (where it would only be deferred), else to the
+    /// delivery queue.
+    pub async fn enqueue_first_attempts(&self, waiting: &[Waiting]) -> Result<(), BrokerError> {
+        let mut deferred = 0;
+        let messages: Vec<_> = waiting
+            .iter()
+            .map(|waiting| {
+                if self.slots.is_slow(waiting.webhook_id) {
+                    deferred += 1;
+                    self.deferred_message(waiting.delivery_id, 1)
+                } else {
+                    self.attempt_message(waiting.delivery_id, 1)
+                }
+            })
+            .collect();
+        self.broker.publish_all(&messages).await?;
+        // Counted once confirmed, as the consumers' deferrals are.
+        self.metrics.deferred.inc_by(deferred);
+        Ok(())
     }
 
     /// A message asking for automatic attempt `attempt` once it has waited in the deferral
@@ -385,6 +409,10 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             config.retention,
             background.token(),
         ),
+    );
+    background.spawn(
+        "held",
+        crate::held::run(context.clone(), background.token()),
     );
     background.spawn(
         "sweeper",

@@ -512,46 +512,107 @@ async fn a_webhook_at_its_in_flight_limit_defers_instead_of_taking_every_slot() 
         "the hanging target never had more than its limit of requests"
     );
 
-    // The dispatcher told the writers: while the mark lasts, the first attempt of a new delivery
-    // to the hanging webhook is written for the deferral queue, and one to the healthy webhook
-    // for the delivery queue.
-    wait_until("the hanging webhook marked slow", DEADLINE, || async {
-        harness
-            .db
-            .count(&format!(
-                "webhooks WHERE id = '{}' AND slow_until > now()",
-                stuck.id
-            ))
-            .await
-            == 1
-    })
-    .await;
+    // The dispatcher told the writers: while the mark lasts, a new delivery to the hanging
+    // webhook is held in PostgreSQL (no outbox row), and one to the healthy webhook is enqueued.
+    harness.wait_marked_slow(stuck.id).await;
     harness.open("limit-while-marked").await;
-    let topic_of = |webhook: uuid::Uuid| {
+    let new_delivery = |webhook: uuid::Uuid, condition: &str| {
         format!(
-            "outbox o JOIN deliveries d
-               ON d.id::text = convert_from(o.payload, 'UTF8')::jsonb ->> 'delivery_id'
-             JOIN incidents i ON i.id = d.incident_id
-             WHERE i.dedup_key = 'limit-while-marked' AND d.webhook_id = '{webhook}'"
+            "deliveries d JOIN incidents i ON i.id = d.incident_id
+             WHERE i.dedup_key = 'limit-while-marked' AND d.webhook_id = '{webhook}' AND {condition}"
         )
     };
+    let outbox_row = "EXISTS (SELECT 1 FROM outbox o
+        WHERE convert_from(o.payload, 'UTF8')::jsonb ->> 'delivery_id' = d.id::text)";
     assert_eq!(
         harness
             .db
-            .count(&format!("{} AND o.topic = 'deferred'", topic_of(stuck.id)))
+            .count(&new_delivery(
+                stuck.id,
+                &format!("d.held AND NOT {outbox_row}")
+            ))
             .await,
         1
     );
     assert_eq!(
         harness
             .db
-            .count(&format!("{} AND o.topic = 'delivery'", topic_of(good.id)))
+            .count(&new_delivery(
+                good.id,
+                &format!("NOT d.held AND {outbox_row}")
+            ))
             .await,
         1
     );
     harness
         .wait_state(good.id, 13, DeliveryState::Succeeded)
         .await;
+    harness.stop().await;
+}
+
+/// A webhook whose requests all hang stays marked slow while they hang, so its new deliveries
+/// wait in PostgreSQL; once its requests have ended and the mark lapsed, they are released and
+/// delivered, each once.
+#[tokio::test]
+async fn deliveries_held_for_a_hanging_webhook_are_released_when_it_recovers() {
+    let mut harness = Harness::without_dispatcher("0s").await;
+    let port = harness
+        .add_dispatcher(|config| config.webhook_concurrency = 1)
+        .await;
+    let receiver = Receiver::start_with(Behavior::Hang).await;
+    let webhook = harness
+        .webhook(
+            &receiver.url("/hook"),
+            &[EventKind::IncidentOpened],
+            1,
+            1_000,
+        )
+        .await;
+    harness.open("hangs").await;
+    // No other attempt comes to find the webhook slow: the dispatcher marks it by itself.
+    harness.wait_marked_slow(webhook.id).await;
+    for i in 0..3 {
+        harness.open(&format!("held-{i}")).await;
+    }
+    let held = format!("deliveries WHERE webhook_id = '{}' AND held", webhook.id);
+    assert_eq!(harness.db.count(&held).await, 3);
+
+    receiver.set_behavior(Behavior::Status(200));
+    // The first attempt times out (one attempt allowed: failed); the three held deliveries
+    // are released once the mark lapses, and answered.
+    wait_until(
+        "three deliveries succeeded, one failed",
+        DEADLINE,
+        || async {
+            let states: Vec<DeliveryState> = harness
+                .deliveries(webhook.id)
+                .await
+                .iter()
+                .map(|d| d.state)
+                .collect();
+            states.len() == 4
+                && states
+                    .iter()
+                    .filter(|s| **s == DeliveryState::Succeeded)
+                    .count()
+                    == 3
+                && states.contains(&DeliveryState::Failed)
+        },
+    )
+    .await;
+    let answered = receiver
+        .requests()
+        .iter()
+        .filter(|r| r.answered == Some(200))
+        .count();
+    assert_eq!(answered, 3, "each held delivery sent once");
+    assert_eq!(harness.db.count(&held).await, 0);
+    assert!(
+        common::metrics(port)
+            .await
+            .contains("tocsin_dispatcher_released_total 3"),
+        "released deliveries counted"
+    );
     harness.stop().await;
 }
 

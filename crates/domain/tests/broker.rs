@@ -239,8 +239,10 @@ async fn the_relay_publishes_a_committed_row_exactly_once() {
     assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 0);
 }
 
+/// A delivery to a webhook marked slow is held in PostgreSQL: nothing reaches the broker for
+/// it. Once the mark has lapsed, new first attempts go to the delivery queue again.
 #[tokio::test]
-async fn a_first_attempt_to_a_webhook_marked_slow_goes_to_the_deferral_queue() {
+async fn a_delivery_to_a_webhook_marked_slow_sends_nothing_to_the_broker() {
     let db = TestDb::new().await;
     let prefix = TestPrefix::new();
     let (broker, relay) = broker_and_relay(&db, &prefix);
@@ -250,24 +252,13 @@ async fn a_first_attempt_to_a_webhook_marked_slow_goes_to_the_deferral_queue() {
         .await
         .unwrap();
     open_incident(&db, "marked").await;
-    assert_eq!(relay.drain().await.unwrap(), 1);
+    assert_eq!(relay.drain().await.unwrap(), 0);
     let topology = broker.topology();
-    assert!(drain_queue(&broker, &topology.delivery_queue())
-        .await
-        .is_empty());
-    let deferred = drain_queue(&broker, &topology.deferred_queue()).await;
-    assert_eq!(deferred.len(), 1);
-    assert_eq!(header_int(&deferred[0].properties, ATTEMPT_HEADER), Some(1));
-    let message = DeliveryMessage::from_bytes(&deferred[0].data).unwrap();
-    assert_eq!(
-        deliveries::get(&mut conn, message.delivery_id)
-            .await
-            .unwrap()
-            .webhook_id,
-        webhook
-    );
+    for queue in [topology.delivery_queue(), topology.deferred_queue()] {
+        assert!(drain_queue(&broker, &queue).await.is_empty(), "{queue}");
+    }
+    assert_eq!(db.count("deliveries WHERE held").await, 1);
 
-    // Once the mark has passed, first attempts go to the delivery queue again.
     webhooks::mark_slow(&mut conn, webhook, Duration::ZERO)
         .await
         .unwrap();
@@ -276,6 +267,40 @@ async fn a_first_attempt_to_a_webhook_marked_slow_goes_to_the_deferral_queue() {
     assert_eq!(
         drain_queue(&broker, &topology.delivery_queue()).await.len(),
         1
+    );
+}
+
+/// An earlier version wrote the first attempts of a slow webhook's deliveries for the deferral
+/// queue (outbox topic `deferred`); rows it left are still published there.
+#[tokio::test]
+async fn the_relay_publishes_an_earlier_versions_deferred_rows_to_the_deferral_queue() {
+    use diesel_async::RunQueryDsl;
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    let (broker, relay) = broker_and_relay(&db, &prefix);
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let delivery_id = uuid::Uuid::now_v7();
+    diesel::sql_query(format!(
+        "INSERT INTO outbox (topic, headers, payload) VALUES ('deferred', \
+         '{{\"tocsin-attempt\": 1, \"tocsin-trigger\": \"automatic\"}}', \
+         convert_to('{{\"delivery_id\": \"{delivery_id}\"}}', 'UTF8'))"
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(relay.drain().await.unwrap(), 1);
+    let topology = broker.topology();
+    assert!(drain_queue(&broker, &topology.delivery_queue())
+        .await
+        .is_empty());
+    let deferred = drain_queue(&broker, &topology.deferred_queue()).await;
+    assert_eq!(deferred.len(), 1);
+    assert_eq!(header_int(&deferred[0].properties, ATTEMPT_HEADER), Some(1));
+    assert_eq!(
+        DeliveryMessage::from_bytes(&deferred[0].data)
+            .unwrap()
+            .delivery_id,
+        delivery_id
     );
 }
 

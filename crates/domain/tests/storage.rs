@@ -296,6 +296,113 @@ async fn the_sweeper_leaves_first_attempts_to_the_relays_while_they_are_behind()
     assert_eq!(claimed[0].1, 0, "no automatic attempt made yet");
 }
 
+/// While a dispatcher has a webhook marked slow, its new deliveries are held: rows with no
+/// outbox row, which neither the sweeper nor the release takes while the mark lasts, on each
+/// path that creates deliveries (ingest's one statement, `record_events`, and the dispatcher's
+/// fan-out of an earlier version's event message). Once the mark lapses they are released, once.
+#[tokio::test]
+async fn deliveries_to_a_webhook_marked_slow_are_held_until_the_mark_lapses() {
+    use tocsin_domain::db::deliveries::{claim_overdue, release_held, FanOut};
+    use tocsin_domain::db::webhooks;
+    let db = TestDb::new().await;
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    // An event written before any webhook existed, for the dispatcher's fan-out below.
+    let legacy = incidents::apply_signals(
+        &mut conn,
+        &[signal("legacy", AlertAction::Trigger)],
+        outbox::Wake::Caller,
+    )
+    .await
+    .unwrap()[0]
+        .events[0]
+        .clone();
+    let webhook = webhook_for_every_event(&mut conn, "slow").await;
+    webhooks::mark_slow(&mut conn, webhook.id, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let before = outbox::backlog(&mut conn).await.unwrap();
+
+    for (key, action) in [
+        ("held", AlertAction::Trigger),
+        ("held", AlertAction::Resolve),
+    ] {
+        incidents::apply_signals(&mut conn, &[signal(key, action)], outbox::Wake::Caller)
+            .await
+            .unwrap();
+    }
+    let fanned = deliveries::fan_out(
+        &mut conn,
+        &[FanOut {
+            event_id: legacy.id,
+            kind: legacy.kind,
+            incident_id: legacy.incident_id,
+            test_webhook_id: None,
+            redelivered: false,
+        }],
+    )
+    .await
+    .unwrap();
+    assert_eq!(fanned[0].created, 1);
+    assert!(
+        fanned[0].to_enqueue.is_empty(),
+        "a held delivery is not enqueued"
+    );
+    // Opened, the resolve's events, and the fanned-out event: every one held until the mark
+    // lapses.
+    let created = db.count("deliveries").await;
+    assert!(created >= 3);
+    assert_eq!(
+        db.count("deliveries WHERE held AND next_attempt_at > now() + interval '50 seconds'")
+            .await,
+        created
+    );
+    assert_eq!(
+        outbox::backlog(&mut conn).await.unwrap(),
+        before,
+        "no outbox row for a held delivery"
+    );
+
+    // While the mark lasts nothing takes them, however overdue they look.
+    diesel::sql_query("UPDATE deliveries SET next_attempt_at = now() - interval '10 minutes'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert!(release_held(&mut conn, 10).await.unwrap().is_empty());
+    assert!(claim_overdue(&mut conn, Duration::from_secs(120), 10)
+        .await
+        .unwrap()
+        .is_empty());
+
+    webhooks::mark_slow(&mut conn, webhook.id, Duration::ZERO)
+        .await
+        .unwrap();
+    let released = release_held(&mut conn, 2).await.unwrap();
+    assert_eq!(released.len(), 2, "at most the limit per call");
+    assert!(released.iter().all(|w| w.webhook_id == webhook.id));
+    assert_eq!(
+        release_held(&mut conn, 10).await.unwrap().len() as i64,
+        created - 2
+    );
+    assert!(release_held(&mut conn, 10).await.unwrap().is_empty());
+    assert_eq!(
+        db.count("deliveries WHERE NOT held AND next_attempt_at > now() - interval '1 minute'")
+            .await,
+        created,
+        "released deliveries are due now"
+    );
+
+    // A new delivery once the mark has lapsed is an ordinary one.
+    incidents::apply_signals(
+        &mut conn,
+        &[signal("after", AlertAction::Trigger)],
+        outbox::Wake::Caller,
+    )
+    .await
+    .unwrap();
+    assert_eq!(db.count("deliveries WHERE held").await, 0);
+    assert_eq!(outbox::backlog(&mut conn).await.unwrap(), before + 1);
+}
+
 #[derive(diesel::QueryableByName)]
 struct Targeted {
     #[diesel(sql_type = diesel::sql_types::Text)]

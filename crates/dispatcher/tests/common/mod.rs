@@ -99,6 +99,15 @@ impl Harness {
         AsyncPgConnection::establish(&self.db.url).await.unwrap()
     }
 
+    /// Waits until a dispatcher has marked `webhook` slow in PostgreSQL.
+    pub async fn wait_marked_slow(&self, webhook: Uuid) {
+        let marked = format!("webhooks WHERE id = '{webhook}' AND slow_until > now()");
+        wait_for("the webhook marked slow", DEADLINE, || async {
+            (self.db.count(&marked).await == 1).then_some(())
+        })
+        .await;
+    }
+
     pub async fn webhook(
         &self,
         url: &str,
@@ -196,4 +205,14 @@ impl Harness {
         self.relay_stop.cancel();
         self.relay.await.unwrap();
     }
+}
+
+/// The `/metrics` text of the dispatcher on `port`.
+pub async fn metrics(port: u16) -> String {
+    reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }

@@ -300,6 +300,9 @@ pub async fn fan_out(
     for row in created {
         if let Some(&index) = first_copy.get(&row.event_id) {
             results[index].created += 1;
+            if row.held {
+                continue;
+            }
             results[index].to_enqueue.push(Waiting {
                 delivery_id: row.id,
                 webhook_id: row.webhook_id,
@@ -322,6 +325,8 @@ struct CreatedDelivery {
     event_id: Uuid,
     #[diesel(sql_type = diesel::sql_types::Uuid)]
     webhook_id: Uuid,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    held: bool,
 }
 
 /// A new delivery's id in SQL: a UUIDv7 (a millisecond timestamp, then random bits), like
@@ -336,16 +341,13 @@ macro_rules! uuid_v7_sql {
 pub(crate) use uuid_v7_sql;
 
 /// The outbox row that asks for a new delivery's first attempt, as `(topic, headers,
-/// payload)` columns from `d` (the delivery: `id`, `webhook_id`) and `w` (its webhook): the
-/// message the dispatcher's own fan-out publishes
-/// ([`crate::amqp::messages::DeliveryMessage`], attempt 1, automatic), with the webhook's id in
-/// a header so that a dispatcher can defer an attempt to a slow webhook without loading the
-/// delivery. For a webhook a dispatcher marked slow (`slow_until`), the row goes to the
-/// deferral queue (topic `deferred`) rather than the delivery queue, where a dispatcher would
-/// only take it to defer it.
+/// payload)` columns from `d` (the delivery: `id`, `webhook_id`): the message the dispatcher's
+/// own fan-out publishes ([`crate::amqp::messages::DeliveryMessage`], attempt 1, automatic),
+/// with the webhook's id in a header so that a dispatcher can defer an attempt to a slow
+/// webhook without loading the delivery. A held delivery gets none (see [`HELD_SQL`]).
 macro_rules! first_attempt_outbox_sql {
     () => {
-        "CASE WHEN w.slow_until > now() THEN 'deferred' ELSE 'delivery' END,
+        "'delivery',
         jsonb_build_object('tocsin-attempt', 1, 'tocsin-trigger', 'automatic',
             'tocsin-webhook', d.webhook_id::text),
         convert_to(jsonb_build_object('delivery_id', d.id)::text, 'UTF8')"
@@ -353,14 +355,39 @@ macro_rules! first_attempt_outbox_sql {
 }
 pub(crate) use first_attempt_outbox_sql;
 
+/// Whether a new delivery is held, and its `next_attempt_at`, as two columns for an insert at
+/// time `$now`, `$slow_until` being its webhook's `slow_until` (set from PostgreSQL's clock,
+/// so compared with `now()`). While a dispatcher has the webhook marked slow, its new
+/// deliveries are held: they wait in PostgreSQL, with no outbox row and no broker message,
+/// until the mark lapses and a dispatcher releases them ([`release_held`]); their next attempt
+/// is expected when the mark lapses.
+macro_rules! held_columns_sql {
+    ($slow_until:literal, $now:literal) => {
+        concat!(
+            "coalesce(",
+            $slow_until,
+            " > now(), false),
+        CASE WHEN ",
+            $slow_until,
+            " > now() THEN ",
+            $slow_until,
+            " ELSE ",
+            $now,
+            " END"
+        )
+    };
+}
+pub(crate) use held_columns_sql;
+
 /// Fan-out of the events in `$1`..`$4` (ids, kinds, incident ids, test webhook ids) at `$5`,
 /// followed by `$rest`, which may read the new deliveries from `created` (`id`, `event_id`,
-/// `webhook_id`) and the events, numbered in the order given, from `input` (`arrival`).
-/// `$rest` is one or more string literals or macros expanding to one.
+/// `webhook_id`, `held`) and the events, numbered in the order given, from `input`
+/// (`arrival`). `$rest` is one or more string literals or macros expanding to one.
 ///
 /// One pending delivery per (event, target): every enabled, undeleted webhook subscribed to the
-/// event's kind, or for a test event its one undeleted webhook. Rows are inserted in key order,
-/// so that concurrent fan-outs wait for each other's rows in one order.
+/// event's kind, or for a test event its one undeleted webhook; held while the webhook is
+/// marked slow ([`held_columns_sql`]). Rows are inserted in key order, so that concurrent
+/// fan-outs wait for each other's rows in one order.
 macro_rules! fan_out_sql {
     ($($rest:expr),+) => {
         concat!(
@@ -369,25 +396,27 @@ WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::uuid[]) WITH ORDINALITY
         AS v(event_id, kind, incident_id, test_webhook_id, arrival)
 ), targets AS (
-    SELECT v.event_id, v.kind, v.incident_id, w.id AS webhook_id
+    SELECT v.event_id, v.kind, v.incident_id, w.id AS webhook_id, w.slow_until
     FROM input v JOIN webhooks w
         ON w.deleted_at IS NULL AND w.enabled AND w.events @> ARRAY[v.kind]
     WHERE v.test_webhook_id IS NULL
     UNION ALL
-    SELECT v.event_id, v.kind, v.incident_id, w.id
+    SELECT v.event_id, v.kind, v.incident_id, w.id, w.slow_until
     FROM input v JOIN webhooks w ON w.id = v.test_webhook_id AND w.deleted_at IS NULL
 ), created AS (
     INSERT INTO deliveries
-        (id, webhook_id, event_id, event, incident_id, state, next_attempt_at, created_at,
-         updated_at)
+        (id, webhook_id, event_id, event, incident_id, state, held, next_attempt_at,
+         created_at, updated_at)
     SELECT ",
             uuid_v7_sql!(),
             ",
-        t.webhook_id, t.event_id, t.kind, t.incident_id, 'pending', $5, $5, $5
+        t.webhook_id, t.event_id, t.kind, t.incident_id, 'pending', ",
+            held_columns_sql!("t.slow_until", "$5"),
+            ", $5, $5
     FROM targets t
     ORDER BY t.event_id, t.webhook_id
     ON CONFLICT (event_id, webhook_id) DO NOTHING
-    RETURNING id, event_id, webhook_id
+    RETURNING id, event_id, webhook_id, held
 )
 ",
             $($rest),+
@@ -396,16 +425,17 @@ WITH input AS (
 }
 
 /// The dispatcher's fan-out of an event message: the deliveries it created, to enqueue.
-const FAN_OUT_SQL: &str = fan_out_sql!("SELECT id, event_id, webhook_id FROM created");
+const FAN_OUT_SQL: &str = fan_out_sql!("SELECT id, event_id, webhook_id, held FROM created");
 
 /// Fan-out in the transaction that records the events: the deliveries, and an outbox row for
-/// the first attempt of each, events in the order given.
+/// the first attempt of each one not held, events in the order given.
 pub(crate) const FAN_OUT_TO_OUTBOX_SQL: &str = fan_out_sql!(
     "INSERT INTO outbox (topic, headers, payload)
 SELECT ",
     first_attempt_outbox_sql!(),
     "
-FROM created d JOIN input v ON v.event_id = d.event_id JOIN webhooks w ON w.id = d.webhook_id
+FROM created d JOIN input v ON v.event_id = d.event_id
+WHERE NOT d.held
 ORDER BY v.arrival, d.webhook_id"
 );
 
@@ -480,6 +510,7 @@ pub async fn waiting_for_first_attempt(
         .filter(deliveries::event_id.eq(event_id))
         .filter(deliveries::state.eq(DeliveryState::Pending.as_str()))
         .filter(deliveries::attempt_count.eq(0))
+        .filter(deliveries::held.eq(false))
         .select((deliveries::id, deliveries::webhook_id))
         .load(conn)
         .await?;
@@ -765,7 +796,8 @@ pub async fn mark_failed_all(
 /// A delivery waiting for its first automatic attempt has that attempt's message in the outbox,
 /// written with it. While the outbox holds rows older than `grace` that are not published yet
 /// (RabbitMQ was down, the relays are catching up), such deliveries are left to the relays:
-/// sent by both, they would reach the delivery queue twice.
+/// sent by both, they would reach the delivery queue twice. Held deliveries have no message
+/// anywhere yet and are left to [`release_held`].
 pub async fn claim_overdue(
     conn: &mut AsyncPgConnection,
     grace: std::time::Duration,
@@ -786,6 +818,8 @@ pub async fn claim_overdue(
         let due: Vec<(Uuid, i32)> = deliveries::table
             .filter(deliveries::state.eq_any(["pending", "retrying"]))
             .filter(deliveries::next_attempt_at.lt(now - grace))
+            // Held deliveries wait for their webhook's mark to lapse (`release_held`).
+            .filter(deliveries::held.eq(false))
             .filter(
                 deliveries::state
                     .ne("pending")
@@ -808,6 +842,40 @@ pub async fn claim_overdue(
     })
     .await
 }
+
+/// Releases up to `limit` held deliveries whose webhook is no longer marked slow: they stop
+/// being held, their next attempt is due now, and the caller enqueues their first attempts.
+/// Held rows are found webhook by webhook (the partial index `deliveries_held`), so a large
+/// backlog held for a webhook still marked costs nothing here. Several dispatchers may release
+/// at once: rows are claimed with `FOR UPDATE SKIP LOCKED`. Released rows whose messages are
+/// then lost are pending first attempts like any other, and the sweeper enqueues them.
+pub async fn release_held(
+    conn: &mut AsyncPgConnection,
+    limit: i64,
+) -> Result<Vec<Waiting>, DbError> {
+    Ok(Statement::new(RELEASE_HELD_SQL)
+        .bind::<diesel::sql_types::BigInt, _>(limit)
+        .load(conn)
+        .await?)
+}
+
+const RELEASE_HELD_SQL: &str = "\
+WITH due AS (
+    SELECT held.id
+    FROM webhooks w CROSS JOIN LATERAL (
+        SELECT d.id, d.next_attempt_at FROM deliveries d
+        WHERE d.held AND d.webhook_id = w.id
+        ORDER BY d.next_attempt_at
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED
+    ) held
+    WHERE NOT coalesce(w.slow_until > now(), false)
+    ORDER BY held.next_attempt_at
+    LIMIT $1
+)
+UPDATE deliveries d SET held = false, next_attempt_at = now()
+FROM due WHERE d.id = due.id
+RETURNING d.id AS delivery_id, d.webhook_id";
 
 /// How many deliveries are in each unfinished state (`pending`, `retrying`).
 pub async fn count_unfinished(

@@ -25,8 +25,9 @@ pub enum Topic {
     Event,
     /// To the delivery exchange, for one attempt.
     Delivery,
-    /// To the deferral queue, for one attempt once it has waited there: the first attempt of a
-    /// delivery to a webhook a dispatcher marked slow.
+    /// To the deferral queue, for one attempt once it has waited there: rows written by an
+    /// earlier version for the first attempt of a delivery to a webhook marked slow (such
+    /// deliveries are now held instead, see `deliveries::release_held`).
     Deferred,
 }
 

@@ -69,6 +69,7 @@ diesel::table! {
         next_attempt_at -> Nullable<Timestamptz>,
         created_at -> Timestamptz,
         updated_at -> Timestamptz,
+        held -> Bool,
     }
 }
 
