@@ -560,12 +560,14 @@ async fn deliveries_held_for_a_hanging_webhook_are_released_when_it_recovers() {
         .add_dispatcher(|config| config.webhook_concurrency = 1)
         .await;
     let receiver = Receiver::start_with(Behavior::Hang).await;
+    // A 5 s timeout: the webhook counts as slow from 250 ms into its request until then,
+    // which the dispatcher's once-a-second check cannot miss.
     let webhook = harness
         .webhook(
             &receiver.url("/hook"),
             &[EventKind::IncidentOpened],
             1,
-            1_000,
+            5_000,
         )
         .await;
     harness.open("hangs").await;

@@ -344,7 +344,7 @@ pub(crate) use uuid_v7_sql;
 /// payload)` columns from `d` (the delivery: `id`, `webhook_id`): the message the dispatcher's
 /// own fan-out publishes ([`crate::amqp::messages::DeliveryMessage`], attempt 1, automatic),
 /// with the webhook's id in a header so that a dispatcher can defer an attempt to a slow
-/// webhook without loading the delivery. A held delivery gets none (see [`HELD_SQL`]).
+/// webhook without loading the delivery. A held delivery gets none (see [`held_columns_sql`]).
 macro_rules! first_attempt_outbox_sql {
     () => {
         "'delivery',
@@ -844,11 +844,15 @@ pub async fn claim_overdue(
 }
 
 /// Releases up to `limit` held deliveries whose webhook is no longer marked slow: they stop
-/// being held, their next attempt is due now, and the caller enqueues their first attempts.
-/// Held rows are found webhook by webhook (the partial index `deliveries_held`), so a large
-/// backlog held for a webhook still marked costs nothing here. Several dispatchers may release
-/// at once: rows are claimed with `FOR UPDATE SKIP LOCKED`. Released rows whose messages are
-/// then lost are pending first attempts like any other, and the sweeper enqueues them.
+/// being held, and those still waiting for their first automatic attempt are due now and
+/// returned, for the caller to enqueue. A held row that is no longer such (finished by a
+/// manual attempt or because its webhook was deleted or disabled, or taken up by a sweeper of
+/// the previous release, which does not know `held`) is only unmarked. Candidates are found
+/// webhook by webhook (the partial index `deliveries_held`), so a large backlog held for a
+/// webhook still marked costs nothing here; only the rows taken are locked, with
+/// `FOR UPDATE SKIP LOCKED`, so several dispatchers may release at once. Released rows whose
+/// messages are then lost are pending first attempts like any other, and the sweeper enqueues
+/// them.
 pub async fn release_held(
     conn: &mut AsyncPgConnection,
     limit: i64,
@@ -860,22 +864,30 @@ pub async fn release_held(
 }
 
 const RELEASE_HELD_SQL: &str = "\
-WITH due AS (
-    SELECT held.id
+WITH candidates AS (
+    SELECT held.id, held.next_attempt_at
     FROM webhooks w CROSS JOIN LATERAL (
         SELECT d.id, d.next_attempt_at FROM deliveries d
         WHERE d.held AND d.webhook_id = w.id
         ORDER BY d.next_attempt_at
         LIMIT $1
-        FOR UPDATE SKIP LOCKED
     ) held
     WHERE NOT coalesce(w.slow_until > now(), false)
     ORDER BY held.next_attempt_at
     LIMIT $1
+), due AS (
+    SELECT d.id FROM deliveries d JOIN candidates c ON c.id = d.id
+    WHERE d.held
+    FOR UPDATE OF d SKIP LOCKED
+), released AS (
+    UPDATE deliveries d SET held = false,
+        next_attempt_at = CASE WHEN d.state = 'pending' AND d.auto_attempts = 0
+            THEN now() ELSE d.next_attempt_at END
+    FROM due WHERE d.id = due.id
+    RETURNING d.id, d.webhook_id, d.state, d.auto_attempts
 )
-UPDATE deliveries d SET held = false, next_attempt_at = now()
-FROM due WHERE d.id = due.id
-RETURNING d.id AS delivery_id, d.webhook_id";
+SELECT id AS delivery_id, webhook_id FROM released
+WHERE state = 'pending' AND auto_attempts = 0";
 
 /// How many deliveries are in each unfinished state (`pending`, `retrying`).
 pub async fn count_unfinished(

@@ -120,9 +120,9 @@ fn event_texts(events: &BTreeSet<EventKind>) -> Vec<String> {
     events.iter().map(|e| e.as_str().to_owned()).collect()
 }
 
-/// Marks a webhook slow for `period` from now (the database's clock): meanwhile the first
-/// attempts of its new deliveries are written for the deferral queue instead of the delivery
-/// queue (see `deliveries::first_attempt_outbox_sql`).
+/// Marks a webhook slow for `period` from now (the database's clock): meanwhile its new
+/// deliveries are held in PostgreSQL, with no message (see `deliveries::held_columns_sql` and
+/// `deliveries::release_held`).
 pub async fn mark_slow(
     conn: &mut AsyncPgConnection,
     id: Uuid,
