@@ -868,14 +868,7 @@ async fn readyz_reports_each_server_it_cannot_reach() {
 async fn metrics_show_queue_depths_and_the_unfinished_backlog() {
     let harness = Harness::start("0s,1m").await;
     let port = harness.dispatchers[0].port;
-    let metrics = || async move {
-        reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let metrics = || common::metrics(port);
     wait_until("queue gauges", DEADLINE, || async {
         let text = metrics().await;
         text.contains(r#"tocsin_queue_messages{queue="deliveries"} 0"#)
