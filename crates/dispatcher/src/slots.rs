@@ -229,6 +229,20 @@ mod tests {
         tokio::spawn(async move { slots.take(webhook, wait).await })
     }
 
+    /// Lets spawned takers run until they wait (a paused clock does not move meanwhile).
+    async fn let_takers_run() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// How many attempts wait for a slot of `webhook`.
+    fn waiting(slots: &WebhookSlots, webhook: Uuid) -> usize {
+        let entry = lock(&slots.webhooks)[&webhook].clone();
+        let waiting = lock(&entry.in_flight).waiting;
+        waiting
+    }
+
     #[tokio::test]
     async fn a_quick_webhook_at_its_limit_waits_for_a_slot_and_others_are_unaffected() {
         let slots = Arc::new(WebhookSlots::new(1));
@@ -250,10 +264,12 @@ mod tests {
         let slots = WebhookSlots::new(1);
         let slow = Uuid::now_v7();
         let _held = slots.take(slow, SLOT_WAIT).await.unwrap();
+        assert!(slots.slow_webhooks().is_empty());
         // The clock is paused: the request in flight ages only when told to.
         tokio::time::advance(SLOW_AFTER).await;
         let asked = Instant::now();
         assert!(slots.is_slow(slow));
+        assert_eq!(slots.slow_webhooks(), [slow]);
         assert!(
             !slots.is_slow(Uuid::now_v7()),
             "an unknown webhook is not slow"
@@ -310,11 +326,8 @@ mod tests {
         let waiters: Vec<_> = (0..3)
             .map(|_| spawn_take(&slots, webhook, SLOT_WAIT))
             .collect();
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        let entry = lock(&slots.webhooks)[&webhook].clone();
-        assert_eq!(lock(&entry.in_flight).waiting, 3, "all three wait");
+        let_takers_run().await;
+        assert_eq!(waiting(&slots, webhook), 3, "all three wait");
         assert!(waiters.iter().all(|w| !w.is_finished()));
     }
 
@@ -335,11 +348,8 @@ mod tests {
         let waiters: Vec<_> = (0..6)
             .map(|_| spawn_take(&slots, webhook, SLOT_WAIT))
             .collect();
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        let entry = lock(&slots.webhooks)[&webhook].clone();
-        assert_eq!(lock(&entry.in_flight).waiting, 5);
+        let_takers_run().await;
+        assert_eq!(waiting(&slots, webhook), 5);
         assert_eq!(
             waiters.iter().filter(|w| w.is_finished()).count(),
             1,
@@ -370,10 +380,7 @@ mod tests {
         let waiters: Vec<_> = (0..2)
             .map(|_| spawn_take(&slots, webhook, SLOT_WAIT))
             .collect();
-        // Let both waiters start waiting (the paused clock does not move meanwhile).
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
+        let_takers_run().await;
         let asked = Instant::now();
         assert!(slots.take(webhook, SLOT_WAIT).await.is_none());
         assert_eq!(
@@ -384,11 +391,6 @@ mod tests {
         for waiter in waiters {
             assert!(waiter.await.unwrap().is_none());
         }
-        let entry = lock(&slots.webhooks)[&webhook].clone();
-        assert_eq!(
-            lock(&entry.in_flight).waiting,
-            0,
-            "their places are free again"
-        );
+        assert_eq!(waiting(&slots, webhook), 0, "their places are free again");
     }
 }
