@@ -4,7 +4,26 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 /// A port that was free a moment ago (for processes that must be told their port).
+///
+/// It is picked at random below the kernel's ephemeral range, never from it: the servers and
+/// clients that other tests start meanwhile on port 0 take their ports from that range, and
+/// one of them could take a port handed out here before its process binds it (a test then
+/// talks to another test's server). Falls back to an ephemeral port where no other is free.
 pub fn free_port() -> u16 {
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    const LOWEST: u16 = 10_000;
+    if ephemeral_start > LOWEST {
+        let span = u128::from(ephemeral_start - LOWEST);
+        for _ in 0..100 {
+            let port = LOWEST + (uuid::Uuid::new_v4().as_u128() % span) as u16;
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
