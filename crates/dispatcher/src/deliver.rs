@@ -87,7 +87,7 @@ async fn process(
     }
 
     let Some(slot) = ctx.slots.take(job.webhook.id, SLOT_WAIT).await else {
-        if ctx.slots.is_slow(job.webhook.id) {
+        if ctx.slots.should_hold(job.webhook.id) {
             ctx.note_slow(job.webhook.id);
         }
         tracing::debug!(delivery_id = %id, webhook_id = %job.webhook.id, "webhook at its in-flight limit; attempt deferred");

@@ -12,6 +12,11 @@
 //! its requests are finishing (one finished within [`SLOW_AFTER`]), as many as can expect a
 //! slot within [`SLOW_AFTER`] at its recent request time, so that a deep queue of deliveries to
 //! a quick target waits for its slots instead of going round the deferral queue.
+//!
+//! The writers hold a webhook's new deliveries (see `crate::held`) while it is slow, and also
+//! once it has stalled: at its limit, every waiting place taken, nothing finished for
+//! [`STALLED_AFTER`]. A target that stops answering under load stalls long before it is slow,
+//! and until it is marked, each delivery to it beyond its waiters costs a deferral.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -27,6 +32,10 @@ use uuid::Uuid;
 pub(crate) const SLOW_AFTER: Duration = Duration::from_millis(250);
 /// The longest an attempt waits for a slot of a webhook that is not slow.
 pub(crate) const SLOT_WAIT: Duration = Duration::from_secs(1);
+/// A webhook at its limit, every waiting place taken, none of whose requests has finished for
+/// this long (and the oldest in flight that old) has stalled: it is marked at once, before it
+/// counts as slow.
+pub(crate) const STALLED_AFTER: Duration = Duration::from_millis(50);
 
 /// Requests in flight per webhook, up to a limit.
 #[derive(Debug)]
@@ -84,6 +93,22 @@ impl InFlight {
         }
     }
 
+    /// At `limit`, every waiting place taken, and nothing finished for [`STALLED_AFTER`]
+    /// while the oldest request in flight has run that long.
+    fn is_stalled(&self, limit: usize) -> bool {
+        let now = Instant::now();
+        let quiet_since = |at: Instant| at + STALLED_AFTER <= now;
+        self.started.len() >= limit
+            && self.waiting >= self.waiting_places(limit)
+            && self.last_finished.is_none_or(quiet_since)
+            && self
+                .started
+                .values()
+                .next()
+                .copied()
+                .is_some_and(quiet_since)
+    }
+
     /// At `limit` and slow: an attempt now would be deferred.
     fn is_slow(&self, limit: usize) -> bool {
         self.started.len() >= limit
@@ -134,6 +159,33 @@ impl WebhookSlots {
         };
         let in_flight = lock(&entry.in_flight);
         in_flight.is_slow(self.limit)
+    }
+
+    /// How many requests may be in flight to one webhook.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Whether `webhook` answers slowly, at its limit or not: its last finished request took
+    /// [`SLOW_AFTER`] or longer, or its oldest request in flight has run that long already.
+    pub fn answers_slowly(&self, webhook: Uuid) -> bool {
+        let Some(entry) = lock(&self.webhooks).get(&webhook).cloned() else {
+            return false;
+        };
+        let in_flight = lock(&entry.in_flight);
+        in_flight.last_was_slow || in_flight.slow_at().is_some_and(|at| at <= Instant::now())
+    }
+
+    /// Whether the writers should hold `webhook`'s new deliveries: it is slow, or it has
+    /// stalled (at its limit, every waiting place taken, nothing finished for
+    /// [`STALLED_AFTER`]). A webhook that stops answering under load stalls well before it is
+    /// slow; until it is marked, every attempt beyond its waiters is deferred.
+    pub fn should_hold(&self, webhook: Uuid) -> bool {
+        let Some(entry) = lock(&self.webhooks).get(&webhook).cloned() else {
+            return false;
+        };
+        let in_flight = lock(&entry.in_flight);
+        in_flight.is_slow(self.limit) || in_flight.is_stalled(self.limit)
     }
 
     /// The webhooks at their limit and slow now.
@@ -276,6 +328,55 @@ mod tests {
         );
         assert!(slots.take(slow, Duration::from_secs(30)).await.is_none());
         assert_eq!(asked.elapsed(), Duration::ZERO, "refused without waiting");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_webhook_that_stops_answering_with_its_waiters_full_is_held_before_it_is_slow() {
+        let slots = Arc::new(WebhookSlots::new(1));
+        let webhook = Uuid::now_v7();
+        let _held = slots.take(webhook, SLOT_WAIT).await.unwrap();
+        let _waiter = spawn_take(&slots, webhook, Duration::from_secs(30));
+        let_takers_run().await;
+        assert_eq!(waiting(&slots, webhook), 1);
+        assert!(
+            slots.take(webhook, SLOT_WAIT).await.is_none(),
+            "its one waiting place is taken"
+        );
+        assert!(
+            !slots.should_hold(webhook),
+            "its request has only just started"
+        );
+        tokio::time::advance(STALLED_AFTER).await;
+        assert!(slots.should_hold(webhook), "stalled");
+        assert!(!slots.is_slow(webhook), "not slow yet");
+        tokio::time::advance(SLOW_AFTER).await;
+        assert!(slots.should_hold(webhook) && slots.is_slow(webhook));
+
+        // A webhook whose requests are finishing gets more waiting places, and does not stall.
+        let quick = Uuid::now_v7();
+        drop(slots.take(quick, SLOT_WAIT).await.unwrap());
+        let _in_flight = slots.take(quick, SLOT_WAIT).await.unwrap();
+        let _waiter = spawn_take(&slots, quick, Duration::from_secs(30));
+        let_takers_run().await;
+        tokio::time::advance(STALLED_AFTER).await;
+        assert_eq!(waiting(&slots, quick), 1);
+        assert!(!slots.should_hold(quick));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_webhook_answers_slowly_below_its_limit_by_its_oldest_or_last_request() {
+        let slots = WebhookSlots::new(4);
+        let webhook = Uuid::now_v7();
+        assert!(!slots.answers_slowly(webhook), "unknown");
+        let first = slots.take(webhook, SLOT_WAIT).await.unwrap();
+        assert!(!slots.answers_slowly(webhook), "in flight, not old yet");
+        tokio::time::advance(SLOW_AFTER).await;
+        assert!(slots.answers_slowly(webhook), "its oldest request is old");
+        assert!(!slots.is_slow(webhook), "below its limit it is not slow");
+        drop(first);
+        assert!(slots.answers_slowly(webhook), "its last request was slow");
+        drop(slots.take(webhook, SLOT_WAIT).await.unwrap());
+        assert!(!slots.answers_slowly(webhook), "a quick request clears it");
     }
 
     #[tokio::test(start_paused = true)]

@@ -302,7 +302,7 @@ async fn the_sweeper_leaves_first_attempts_to_the_relays_while_they_are_behind()
 /// fan-out of an earlier version's event message). Once the mark lapses they are released, once.
 #[tokio::test]
 async fn deliveries_to_a_webhook_marked_slow_are_held_until_the_mark_lapses() {
-    use tocsin_domain::db::deliveries::{claim_overdue, release_held, FanOut};
+    use tocsin_domain::db::deliveries::{claim_overdue, release_held, FanOut, ReleaseQuota};
     use tocsin_domain::db::webhooks;
     let db = TestDb::new().await;
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
@@ -350,7 +350,7 @@ async fn deliveries_to_a_webhook_marked_slow_are_held_until_the_mark_lapses() {
     // Opened, the resolve's events, and the fanned-out event: every one held until the mark
     // lapses.
     let created = db.count("deliveries").await;
-    assert!(created >= 3);
+    assert!(created >= 4);
     assert_eq!(
         db.count("deliveries WHERE held AND next_attempt_at > now() + interval '50 seconds'")
             .await,
@@ -367,13 +367,17 @@ async fn deliveries_to_a_webhook_marked_slow_are_held_until_the_mark_lapses() {
         .execute(&mut conn)
         .await
         .unwrap();
-    assert!(release_held(&mut conn, 10).await.unwrap().is_empty());
+    let every = ReleaseQuota::each(10);
+    assert!(release_held(&mut conn, 10, &every)
+        .await
+        .unwrap()
+        .is_empty());
     assert!(claim_overdue(&mut conn, Duration::from_secs(120), 10)
         .await
         .unwrap()
         .is_empty());
 
-    // One finishes while held (as when its webhook is disabled): it is only unmarked.
+    // One finishes while held (as by a manual attempt): it is only unmarked.
     diesel::sql_query(
         "UPDATE deliveries SET state = 'failed', next_attempt_at = NULL
          WHERE id = (SELECT id FROM deliveries ORDER BY id LIMIT 1)",
@@ -385,15 +389,35 @@ async fn deliveries_to_a_webhook_marked_slow_are_held_until_the_mark_lapses() {
     webhooks::mark_slow(&mut conn, webhook.id, Duration::ZERO)
         .await
         .unwrap();
-    let released = release_held(&mut conn, 1).await.unwrap();
+    let released = release_held(&mut conn, 1, &every).await.unwrap();
     assert_eq!(released.len(), 1, "at most the limit per call");
     assert!(released.iter().all(|w| w.webhook_id == webhook.id));
+    let paced = ReleaseQuota {
+        default: 10,
+        webhooks: vec![(uuid::Uuid::now_v7(), 10), (webhook.id, 1)],
+    };
     assert_eq!(
-        release_held(&mut conn, 10).await.unwrap().len() as i64,
-        created - 2,
+        release_held(&mut conn, 10, &paced).await.unwrap().len(),
+        1,
+        "at most the webhook's own quota"
+    );
+    assert_eq!(
+        release_held(&mut conn, 10, &ReleaseQuota::each(1))
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "at most the quota of every webhook"
+    );
+    assert_eq!(
+        release_held(&mut conn, 10, &every).await.unwrap().len() as i64,
+        created - 4,
         "every pending one, not the finished one"
     );
-    assert!(release_held(&mut conn, 10).await.unwrap().is_empty());
+    assert!(release_held(&mut conn, 10, &every)
+        .await
+        .unwrap()
+        .is_empty());
     assert_eq!(db.count("deliveries WHERE held").await, 0);
     assert_eq!(
         db.count(
@@ -420,6 +444,27 @@ async fn deliveries_to_a_webhook_marked_slow_are_held_until_the_mark_lapses() {
     .unwrap();
     assert_eq!(db.count("deliveries WHERE held").await, 0);
     assert_eq!(outbox::backlog(&mut conn).await.unwrap(), before + 1);
+
+    // Deleting a webhook stops its held deliveries and unmarks them, leaving the release
+    // nothing to do for it.
+    webhooks::mark_slow(&mut conn, webhook.id, Duration::from_secs(60))
+        .await
+        .unwrap();
+    incidents::apply_signals(
+        &mut conn,
+        &[signal("deleted", AlertAction::Trigger)],
+        outbox::Wake::Caller,
+    )
+    .await
+    .unwrap();
+    assert_eq!(db.count("deliveries WHERE held").await, 1);
+    webhooks::delete(&mut conn, webhook.id).await.unwrap();
+    assert_eq!(db.count("deliveries WHERE held").await, 0);
+    assert_eq!(
+        db.count("deliveries WHERE state = 'pending' OR state = 'retrying'")
+            .await,
+        0
+    );
 }
 
 #[derive(diesel::QueryableByName)]

@@ -782,6 +782,7 @@ pub async fn mark_failed_all(
     .set((
         deliveries::state.eq(DeliveryState::Failed.as_str()),
         deliveries::next_attempt_at.eq(None::<OffsetDateTime>),
+        deliveries::held.eq(false),
         deliveries::updated_at.eq(OffsetDateTime::now_utc()),
     ))
     .execute(conn)
@@ -843,24 +844,49 @@ pub async fn claim_overdue(
     .await
 }
 
-/// Releases up to `limit` held deliveries whose webhook is no longer marked slow: they stop
-/// being held, and those still waiting for their first automatic attempt are due now and
-/// returned, for the caller to enqueue. A held row that is no longer such (finished by a
-/// manual attempt or because its webhook was deleted or disabled, or taken up by a sweeper of
-/// the previous release, which does not know `held`) is only unmarked. Candidates are found
-/// webhook by webhook (the partial index `deliveries_held`), so a large backlog held for a
-/// webhook still marked costs nothing here; only the rows taken are locked, with
-/// `FOR UPDATE SKIP LOCKED`, so several dispatchers may release at once. Released rows whose
-/// messages are then lost are pending first attempts like any other, and the sweeper enqueues
-/// them.
+/// Releases up to `limit` held deliveries whose webhook is no longer marked slow, at most its
+/// quota of each webhook's, oldest first: they stop being held, and those still
+/// waiting for their first automatic attempt are due now and returned, for the caller to
+/// enqueue. The per-webhook quota paces a backlog held for a webhook that may still hang: the
+/// caller starts it small and lets it grow while the webhook answers (the dispatcher's `held`
+/// module). A held row that is no longer such (finished by a manual attempt, or taken up by a
+/// sweeper of the previous release, which does not know `held`) is only unmarked; stopping a
+/// deleted or disabled webhook's deliveries unmarks them itself. Candidates are found webhook by
+/// webhook (the partial index `deliveries_held`), so a large backlog held for a webhook still
+/// marked costs nothing here; only the rows taken are locked, with `FOR UPDATE SKIP LOCKED`,
+/// so several dispatchers may release at once. Released rows whose messages are then lost are
+/// pending first attempts like any other, and the sweeper enqueues them.
 pub async fn release_held(
     conn: &mut AsyncPgConnection,
     limit: i64,
+    quota: &ReleaseQuota,
 ) -> Result<Vec<Waiting>, DbError> {
+    let (webhooks, quotas): (Vec<Uuid>, Vec<i64>) = quota.webhooks.iter().copied().unzip();
     Ok(Statement::new(RELEASE_HELD_SQL)
         .bind::<diesel::sql_types::BigInt, _>(limit)
+        .bind::<diesel::sql_types::BigInt, _>(quota.default)
+        .bind::<diesel::sql_types::Array<diesel::sql_types::Uuid>, _>(webhooks)
+        .bind::<diesel::sql_types::Array<diesel::sql_types::BigInt>, _>(quotas)
         .load(conn)
         .await?)
+}
+
+/// How many held deliveries of each webhook one [`release_held`] may release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseQuota {
+    /// For a webhook not in `webhooks`.
+    pub default: i64,
+    pub webhooks: Vec<(Uuid, i64)>,
+}
+
+impl ReleaseQuota {
+    /// The same quota for every webhook.
+    pub fn each(n: i64) -> Self {
+        ReleaseQuota {
+            default: n,
+            webhooks: Vec::new(),
+        }
+    }
 }
 
 const RELEASE_HELD_SQL: &str = "\
@@ -870,20 +896,23 @@ WITH candidates AS (
         SELECT d.id, d.next_attempt_at FROM deliveries d
         WHERE d.held AND d.webhook_id = w.id
         ORDER BY d.next_attempt_at
-        LIMIT $1
+        LIMIT least($1, coalesce(
+            (SELECT q.n FROM unnest($3::uuid[], $4::bigint[]) AS q(webhook_id, n)
+             WHERE q.webhook_id = w.id LIMIT 1),
+            $2))
     ) held
     WHERE NOT coalesce(w.slow_until > now(), false)
     ORDER BY held.next_attempt_at
     LIMIT $1
 ), due AS (
-    SELECT d.id FROM deliveries d JOIN candidates c ON c.id = d.id
-    WHERE d.held
-    FOR UPDATE OF d SKIP LOCKED
+    SELECT d.id FROM deliveries d
+    WHERE d.id = ANY(ARRAY(SELECT id FROM candidates)) AND d.held
+    FOR UPDATE SKIP LOCKED
 ), released AS (
     UPDATE deliveries d SET held = false,
         next_attempt_at = CASE WHEN d.state = 'pending' AND d.auto_attempts = 0
             THEN now() ELSE d.next_attempt_at END
-    FROM due WHERE d.id = due.id
+    WHERE d.id = ANY(ARRAY(SELECT id FROM due))
     RETURNING d.id, d.webhook_id, d.state, d.auto_attempts
 )
 SELECT id AS delivery_id, webhook_id FROM released

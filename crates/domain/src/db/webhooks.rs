@@ -324,7 +324,8 @@ pub async fn delete(conn: &mut AsyncPgConnection, id: Uuid) -> Result<(), DbErro
     .await
 }
 
-/// Marks a webhook's pending and retrying deliveries failed, so no further attempt is made.
+/// Marks a webhook's pending and retrying deliveries failed (and no longer held), so no further
+/// attempt is made.
 async fn stop_unfinished(
     conn: &mut AsyncPgConnection,
     webhook_id: Uuid,
@@ -348,6 +349,8 @@ async fn stop_unfinished(
     .set((
         deliveries::state.eq("failed"),
         deliveries::next_attempt_at.eq(None::<OffsetDateTime>),
+        // Not left to the release to unmark: that would count against the webhook's pace.
+        deliveries::held.eq(false),
         deliveries::updated_at.eq(now),
     ))
     .execute(conn)
