@@ -89,19 +89,24 @@ impl Pacing {
     }
 
     /// This pass's quotas: the first size for a webhook not draining, or one that
-    /// `answers_slowly`; twice the last size for the others.
-    fn quota(&mut self, answers_slowly: impl Fn(Uuid) -> bool) -> ReleaseQuota {
-        let first = self.first;
-        for (webhook, size) in &mut self.draining {
-            *size = if answers_slowly(*webhook) {
-                first
-            } else {
-                (*size * 2).min(MAX_QUOTA)
-            };
-        }
+    /// `answers_slowly`; twice the last size for the others. Nothing changes until the pass is
+    /// recorded with [`Pacing::released`], so a pass that fails is not counted.
+    fn quota(&self, answers_slowly: impl Fn(Uuid) -> bool) -> ReleaseQuota {
+        let webhooks = self
+            .draining
+            .iter()
+            .map(|(webhook, size)| {
+                let next = if answers_slowly(*webhook) {
+                    self.first
+                } else {
+                    (size * 2).min(MAX_QUOTA)
+                };
+                (*webhook, next)
+            })
+            .collect();
         ReleaseQuota {
-            default: first,
-            webhooks: self.draining.iter().map(|(w, n)| (*w, *n)).collect(),
+            default: self.first,
+            webhooks,
         }
     }
 
@@ -163,6 +168,11 @@ mod tests {
         let quota = pacing.quota(|_| false);
         assert!(quota.webhooks.contains(&(quick, 256)));
         assert!(quota.webhooks.contains(&(hanging, 128)));
+        assert_eq!(
+            pacing.quota(|_| false),
+            quota,
+            "a pass not recorded (it failed) changes nothing"
+        );
         released(&mut pacing, &quota, &[(quick, 256)]);
 
         // Up to the largest size, and a webhook that released less than its quota is done.
