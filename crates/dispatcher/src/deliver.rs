@@ -20,8 +20,6 @@ use tocsin_domain::db::deliveries::{
 use tocsin_domain::db::{self, DbError};
 use tocsin_domain::signing::{self, headers};
 
-use uuid::Uuid;
-
 use crate::slots::SLOT_WAIT;
 use crate::ssrf::{Blocked, DnsFailure};
 use crate::startup::{retry_db, Context, Outcome};
@@ -33,40 +31,19 @@ pub(crate) async fn handle_delivery(ctx: Arc<Context>, message: Delivery) {
     let requested = header_int(&message.properties, ATTEMPT_HEADER)
         .and_then(|n| i32::try_from(n).ok())
         .unwrap_or(1);
-    // A webhook known to be slow gets its attempt held or deferred before anything is loaded
-    // for it.
+    // A webhook known to be slow gets its attempt deferred before anything is loaded for it.
     let slow = header_str(&message.properties, WEBHOOK_HEADER)
         .and_then(|id| id.parse().ok())
         .filter(|webhook| ctx.slots.is_slow(*webhook));
     let outcome = match (DeliveryMessage::from_bytes(&message.data), slow) {
-        (Ok(parsed), Some(webhook)) => {
+        (Ok(_), Some(webhook)) => {
             ctx.note_slow(webhook);
-            let first = trigger == Trigger::Automatic && requested == 1;
-            put_off(&ctx, parsed.delivery_id, first).await
+            Outcome::Defer
         }
         (Ok(parsed), None) => process(&ctx, parsed, trigger, requested).await,
         (Err(error), _) => Outcome::Park(format!("unreadable delivery message: {error}")),
     };
     ctx.finish(message, outcome, "deliveries").await;
-}
-
-/// An attempt whose webhook is slow (or has stalled) is not made now. A first automatic attempt
-/// is held in PostgreSQL, with the deliveries created while the webhook is marked, until a
-/// release (see `crate::held`): it costs a row update, not a message going round the deferral
-/// queue every few seconds while the webhook hangs. Any other (a retry, a manual attempt) waits
-/// in the deferral queue.
-async fn put_off(ctx: &Context, id: Uuid, first: bool) -> Outcome {
-    if !first {
-        return Outcome::Defer;
-    }
-    match retry_db!(ctx, db::submit(&ctx.holding, id).await) {
-        Ok(()) => {
-            tracing::debug!(delivery_id = %id, "webhook slow; first attempt held");
-            ctx.metrics.held.inc();
-            Outcome::Done
-        }
-        Err(outcome) => outcome,
-    }
 }
 
 async fn process(
@@ -110,13 +87,11 @@ async fn process(
     }
 
     let Some(slot) = ctx.slots.take(job.webhook.id, SLOT_WAIT).await else {
-        if !ctx.slots.should_hold(job.webhook.id) {
-            tracing::debug!(delivery_id = %id, webhook_id = %job.webhook.id, "webhook at its in-flight limit; attempt deferred");
-            return Outcome::Defer;
+        if ctx.slots.should_hold(job.webhook.id) {
+            ctx.note_slow(job.webhook.id);
         }
-        ctx.note_slow(job.webhook.id);
-        let first = trigger == Trigger::Automatic && delivery.auto_attempts == 0 && requested == 1;
-        return put_off(ctx, id, first).await;
+        tracing::debug!(delivery_id = %id, webhook_id = %job.webhook.id, "webhook at its in-flight limit; attempt deferred");
+        return Outcome::Defer;
     };
     let auto_after = delivery.auto_attempts + i32::from(trigger == Trigger::Automatic);
     let first = delivery.attempt_count == 0;

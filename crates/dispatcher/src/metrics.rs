@@ -17,7 +17,6 @@ pub(crate) struct DispatcherMetrics {
     pub parked: IntCounterVec,
     pub swept: IntCounter,
     pub released: IntCounter,
-    pub held: IntCounter,
     pub deferred: IntCounter,
     pub queue_messages: IntGaugeVec,
     pub unfinished: IntGaugeVec,
@@ -77,10 +76,6 @@ impl DispatcherMetrics {
             "tocsin_dispatcher_released_total",
             "Held deliveries (created while their webhook was marked slow) released and enqueued once the mark lapsed.",
         )?;
-        let held = IntCounter::new(
-            "tocsin_dispatcher_held_total",
-            "First attempts whose webhook was slow when their message came, held in PostgreSQL until a release instead of deferred.",
-        )?;
         let deferred = IntCounter::new(
             "tocsin_dispatcher_deferred_total",
             "Attempts put off for a few seconds (deferral queue) because their webhook had TOCSIN_WEBHOOK_CONCURRENCY requests in flight.",
@@ -110,7 +105,6 @@ impl DispatcherMetrics {
         registry.register(Box::new(parked.clone()))?;
         registry.register(Box::new(swept.clone()))?;
         registry.register(Box::new(released.clone()))?;
-        registry.register(Box::new(held.clone()))?;
         registry.register(Box::new(deferred.clone()))?;
         // Export these series at 0 from the start, so that dashboards and `increase()` in the
         // alert rules see the first occurrence (a series that appears at 1 shows no increase).
@@ -130,7 +124,6 @@ impl DispatcherMetrics {
             parked,
             swept,
             released,
-            held,
             deferred,
             queue_messages,
             unfinished,

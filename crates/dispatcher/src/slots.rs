@@ -33,8 +33,8 @@ pub(crate) const SLOW_AFTER: Duration = Duration::from_millis(250);
 /// The longest an attempt waits for a slot of a webhook that is not slow.
 pub(crate) const SLOT_WAIT: Duration = Duration::from_secs(1);
 /// A webhook at its limit, every waiting place taken, none of whose requests has finished for
-/// this long (and the oldest in flight that old) has stalled: it is marked at once, before it
-/// counts as slow.
+/// this long, or twice its recent request time if that is longer (and the oldest in flight
+/// that old), has stalled: it is marked at once, before it counts as slow.
 pub(crate) const STALLED_AFTER: Duration = Duration::from_millis(50);
 
 /// Requests in flight per webhook, up to a limit.
@@ -93,11 +93,16 @@ impl InFlight {
         }
     }
 
-    /// At `limit`, every waiting place taken, and nothing finished for [`STALLED_AFTER`]
-    /// while the oldest request in flight has run that long.
+    /// At `limit`, every waiting place taken, and nothing finished for [`STALLED_AFTER`] (or
+    /// twice the recent request time, so that a webhook whose requests take 100 ms and finish
+    /// in clusters is not taken for stalled between them) while the oldest request in flight
+    /// has run that long.
     fn is_stalled(&self, limit: usize) -> bool {
         let now = Instant::now();
-        let quiet_since = |at: Instant| at + STALLED_AFTER <= now;
+        let quiet = self
+            .recent
+            .map_or(STALLED_AFTER, |recent| STALLED_AFTER.max(recent * 2));
+        let quiet_since = |at: Instant| at + quiet <= now;
         self.started.len() >= limit
             && self.waiting >= self.waiting_places(limit)
             && self.last_finished.is_none_or(quiet_since)
@@ -361,6 +366,25 @@ mod tests {
         tokio::time::advance(STALLED_AFTER).await;
         assert_eq!(waiting(&slots, quick), 1);
         assert!(!slots.should_hold(quick));
+
+        // A webhook whose requests take 100 ms has stalled only after twice that.
+        let steady = Uuid::now_v7();
+        let first = slots.take(steady, SLOT_WAIT).await.unwrap();
+        tokio::time::advance(Duration::from_millis(100)).await;
+        drop(first);
+        let _in_flight = slots.take(steady, SLOT_WAIT).await.unwrap();
+        // While its requests are finishing it has 250 ms / 100 ms = 2 waiting places.
+        let _waiters = [
+            spawn_take(&slots, steady, Duration::from_secs(30)),
+            spawn_take(&slots, steady, Duration::from_secs(30)),
+        ];
+        let_takers_run().await;
+        assert_eq!(waiting(&slots, steady), 2);
+        tokio::time::advance(STALLED_AFTER).await;
+        assert!(!slots.should_hold(steady), "quiet for 50 ms only");
+        tokio::time::advance(Duration::from_millis(150)).await;
+        assert!(slots.should_hold(steady), "quiet for 200 ms");
+        assert!(!slots.is_slow(steady), "its oldest request is 200 ms old");
     }
 
     #[tokio::test(start_paused = true)]

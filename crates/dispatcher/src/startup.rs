@@ -84,8 +84,6 @@ pub(crate) struct Context {
     /// Deliveries stopped concurrently (their webhook deleted or disabled), marked failed in
     /// shared statements.
     pub stopped: DbBatcher<Uuid, ()>,
-    /// First attempts found slow concurrently, held in PostgreSQL in shared statements.
-    pub holding: DbBatcher<Uuid, ()>,
 }
 
 /// How often a dispatcher renews a slow webhook's mark in PostgreSQL while it finds it slow.
@@ -339,9 +337,6 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         }),
         stopped: db::batcher(&pool, MAX_BATCH, 1, |conn, ids| {
             Box::pin(deliveries::mark_failed_all(conn, ids))
-        }),
-        holding: db::batcher(&pool, MAX_BATCH, 1, |conn, ids| {
-            Box::pin(deliveries::hold_all(conn, ids))
         }),
     });
 

@@ -598,8 +598,6 @@ pub struct AttemptRecord {
 /// Logs an attempt and moves the delivery, in one transaction. For an automatic attempt,
 /// `expected_auto_attempts` is the count the caller saw: if another worker has logged that
 /// attempt meanwhile, nothing is written and `Ok(None)` is returned. Returns the updated delivery.
-/// A delivery attempted is no longer held (a duplicate message may have held it while the
-/// attempt was in flight, see [`hold_all`]).
 pub async fn record_attempt(
     conn: &mut AsyncPgConnection,
     delivery_id: Uuid,
@@ -749,7 +747,6 @@ WITH input AS (
         auto_attempts = d.auto_attempts + v.auto_increment,
         state = v.state,
         next_attempt_at = v.next_attempt_at,
-        held = false,
         updated_at = $6
     FROM input v, locked l
     WHERE d.id = v.id AND l.id = d.id AND (v.expected IS NULL OR d.auto_attempts = v.expected)
@@ -788,26 +785,6 @@ pub async fn mark_failed_all(
         deliveries::held.eq(false),
         deliveries::updated_at.eq(OffsetDateTime::now_utc()),
     ))
-    .execute(conn)
-    .await?;
-    Ok(vec![(); ids.len()])
-}
-
-/// Holds deliveries still waiting for their first automatic attempt whose message found their
-/// webhook slow: like those created while the webhook is marked, they wait in PostgreSQL with
-/// no message until [`release_held`] takes them, instead of going round the deferral queue
-/// every few seconds while the webhook hangs. Their `next_attempt_at` is kept, so they are
-/// released before the deliveries held after them. Answers one `()` per id; a delivery that is
-/// no longer waiting for its first automatic attempt is left as it is.
-pub async fn hold_all(conn: &mut AsyncPgConnection, ids: &[Uuid]) -> Result<Vec<()>, DbError> {
-    diesel::update(
-        deliveries::table
-            .filter(deliveries::id.eq_any(ids))
-            .filter(deliveries::state.eq("pending"))
-            .filter(deliveries::auto_attempts.eq(0))
-            .filter(deliveries::held.eq(false)),
-    )
-    .set(deliveries::held.eq(true))
     .execute(conn)
     .await?;
     Ok(vec![(); ids.len()])
