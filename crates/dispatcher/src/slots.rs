@@ -15,7 +15,7 @@
 //!
 //! The writers hold a webhook's new deliveries (see `crate::held`) while it is slow, and also
 //! once it has stalled: at its limit, every waiting place taken, nothing finished for
-//! [`STALLED_AFTER`]. A target that stops answering under load stalls long before it is slow,
+//! [`STALLED_AFTER`] (or twice its recent request time). A target that stops answering under load stalls long before it is slow,
 //! and until it is marked, each delivery to it beyond its waiters costs a deferral.
 
 use std::collections::{BTreeMap, HashMap};
@@ -157,13 +157,18 @@ impl WebhookSlots {
         }
     }
 
-    /// Whether `webhook` is at its limit and slow: an attempt for it now would be deferred.
-    pub fn is_slow(&self, webhook: Uuid) -> bool {
+    /// `check` of `webhook`'s requests in flight; false for a webhook never seen.
+    fn check(&self, webhook: Uuid, check: impl FnOnce(&InFlight) -> bool) -> bool {
         let Some(entry) = lock(&self.webhooks).get(&webhook).cloned() else {
             return false;
         };
         let in_flight = lock(&entry.in_flight);
-        in_flight.is_slow(self.limit)
+        check(&in_flight)
+    }
+
+    /// Whether `webhook` is at its limit and slow: an attempt for it now would be deferred.
+    pub fn is_slow(&self, webhook: Uuid) -> bool {
+        self.check(webhook, |in_flight| in_flight.is_slow(self.limit))
     }
 
     /// How many requests may be in flight to one webhook.
@@ -174,23 +179,20 @@ impl WebhookSlots {
     /// Whether `webhook` answers slowly, at its limit or not: its last finished request took
     /// [`SLOW_AFTER`] or longer, or its oldest request in flight has run that long already.
     pub fn answers_slowly(&self, webhook: Uuid) -> bool {
-        let Some(entry) = lock(&self.webhooks).get(&webhook).cloned() else {
-            return false;
-        };
-        let in_flight = lock(&entry.in_flight);
-        in_flight.last_was_slow || in_flight.slow_at().is_some_and(|at| at <= Instant::now())
+        self.check(webhook, |in_flight| {
+            in_flight.last_was_slow || in_flight.slow_at().is_some_and(|at| at <= Instant::now())
+        })
     }
 
     /// Whether the writers should hold `webhook`'s new deliveries: it is slow, or it has
     /// stalled (at its limit, every waiting place taken, nothing finished for
-    /// [`STALLED_AFTER`]). A webhook that stops answering under load stalls well before it is
-    /// slow; until it is marked, every attempt beyond its waiters is deferred.
+    /// [`STALLED_AFTER`] or twice its recent request time). A webhook that stops answering under
+    /// load stalls well before it is slow; until it is marked, every attempt beyond its waiters
+    /// is deferred.
     pub fn should_hold(&self, webhook: Uuid) -> bool {
-        let Some(entry) = lock(&self.webhooks).get(&webhook).cloned() else {
-            return false;
-        };
-        let in_flight = lock(&entry.in_flight);
-        in_flight.is_slow(self.limit) || in_flight.is_stalled(self.limit)
+        self.check(webhook, |in_flight| {
+            in_flight.is_slow(self.limit) || in_flight.is_stalled(self.limit)
+        })
     }
 
     /// The webhooks at their limit and slow now.

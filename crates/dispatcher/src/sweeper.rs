@@ -6,16 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use diesel_async::AsyncPgConnection;
-use futures::future::BoxFuture;
 use tocsin_domain::db::{deliveries, DbError};
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 use crate::startup::Context;
 
 /// Most deliveries claimed and enqueued per transaction.
-pub(crate) const BATCH: i64 = 500;
+const BATCH: i64 = 500;
 
 pub(crate) async fn run(
     ctx: Arc<Context>,
@@ -36,46 +33,26 @@ pub(crate) async fn run(
     }
 }
 
-/// One pass; returns how many deliveries were re-enqueued.
+/// One pass; returns how many deliveries were re-enqueued. Deliveries are claimed in batches of
+/// [`BATCH`] (each claim commits); a batch claimed and then not enqueued is overdue like any
+/// other, and a later pass takes it up after its grace.
 pub(crate) async fn sweep_once(ctx: &Context, grace: Duration) -> anyhow::Result<usize> {
-    let swept = claim_and_enqueue(
-        ctx,
-        move |conn| Box::pin(deliveries::claim_overdue(conn, grace, BATCH)),
-        |ctx, due: &[(Uuid, i32)]| {
-            Box::pin(async move {
-                let messages: Vec<_> = due
-                    .iter()
-                    .map(|(id, auto_attempts)| ctx.attempt_message(*id, auto_attempts + 1))
-                    .collect();
-                Ok(ctx.broker.publish_all(&messages).await?)
-            })
-        },
-    )
-    .await?;
-    ctx.metrics.swept.inc_by(swept as u64);
-    Ok(swept)
-}
-
-/// Claims deliveries in batches of [`BATCH`] with `claim` (which commits the claim) and
-/// enqueues each batch with `enqueue`, until a batch comes back short; returns how many were
-/// enqueued. A batch claimed and then not enqueued is overdue like any other: the sweeper
-/// takes it up after its grace.
-pub(crate) async fn claim_and_enqueue<T: Sync>(
-    ctx: &Context,
-    claim: impl for<'c> Fn(&'c mut AsyncPgConnection) -> BoxFuture<'c, Result<Vec<T>, DbError>>,
-    enqueue: impl for<'a> Fn(&'a Context, &'a [T]) -> BoxFuture<'a, anyhow::Result<()>>,
-) -> anyhow::Result<usize> {
     let mut total = 0;
     loop {
         let mut conn = ctx.pool.get().await.map_err(DbError::from)?;
-        let claimed = claim(&mut conn).await?;
+        let due = deliveries::claim_overdue(&mut conn, grace, BATCH).await?;
         drop(conn);
-        if claimed.is_empty() {
+        if due.is_empty() {
             return Ok(total);
         }
-        enqueue(ctx, &claimed).await?;
-        total += claimed.len();
-        if claimed.len() < BATCH as usize {
+        let messages: Vec<_> = due
+            .iter()
+            .map(|(id, auto_attempts)| ctx.attempt_message(*id, auto_attempts + 1))
+            .collect();
+        ctx.broker.publish_all(&messages).await?;
+        ctx.metrics.swept.inc_by(due.len() as u64);
+        total += due.len();
+        if due.len() < BATCH as usize {
             return Ok(total);
         }
     }
