@@ -564,6 +564,28 @@ async fn a_failed_transaction_leaves_no_row_behind() {
     assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 0);
 }
 
+/// The pool's connections plan as `db::SESSION_SETTINGS` says; without `jit = off`, the release
+/// pass of held deliveries was compiled with LLVM on every call (docs/performance.md).
+#[tokio::test]
+async fn pooled_connections_plan_once_with_index_scans_and_no_jit() {
+    use diesel::sql_types::Text;
+    let db = TestDb::new().await;
+    let mut conn = db.pool().get().await.unwrap();
+    for (setting, expected) in [
+        ("plan_cache_mode", "force_generic_plan"),
+        ("enable_seqscan", "off"),
+        ("jit", "off"),
+    ] {
+        let value: String = diesel::select(diesel::dsl::sql::<Text>(&format!(
+            "current_setting('{setting}')"
+        )))
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(value, expected, "{setting}");
+    }
+}
+
 #[tokio::test]
 async fn ping_reports_an_unreachable_database() {
     let pool = db::pool("postgres://postgres@127.0.0.1:1/none", 1).unwrap();
