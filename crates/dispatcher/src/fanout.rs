@@ -30,6 +30,7 @@ async fn fan_out(ctx: &Context, event: &EventMessage, redelivered: bool) -> Outc
     };
     let FannedOut {
         created,
+        held,
         to_enqueue,
     } = match retry_db!(ctx, db::submit(&ctx.fanouts, request.clone()).await) {
         Ok(fanned) => fanned,
@@ -40,6 +41,6 @@ async fn fan_out(ctx: &Context, event: &EventMessage, redelivered: bool) -> Outc
         return Outcome::Requeue;
     }
     ctx.metrics.deliveries_created.inc_by(created as u64);
-    tracing::debug!(event_id = %event.event_id, event = %event.event, deliveries = created, "fanned out");
+    tracing::debug!(event_id = %event.event_id, event = %event.event, deliveries = created, held, "fanned out");
     Outcome::Done
 }

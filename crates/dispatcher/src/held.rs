@@ -1,9 +1,10 @@
 //! Held deliveries (DESIGN §2, isolation). While this dispatcher finds a webhook slow (at its
 //! in-flight limit, its oldest request old), it keeps the webhook's mark in PostgreSQL fresh,
-//! and the writers hold the webhook's new deliveries there: each is a row, with no outbox row
-//! and no broker message, so a hanging target costs the healthy ones as little as it can. Once
-//! no dispatcher renews the mark and it lapses, the held deliveries are released and their
-//! first attempts enqueued.
+//! and the writers hold the webhook's new deliveries there: each is a narrow row of
+//! `held_deliveries` (no delivery row yet, no outbox row, no broker message), so a hanging
+//! target costs the healthy ones as little as it can. Once no dispatcher renews the mark and it
+//! lapses, the held deliveries are released into pending deliveries and their first attempts
+//! enqueued.
 //!
 //! Releases are paced per webhook, as TCP's slow start paces a connection: a webhook's first
 //! release is as many deliveries as it may have in flight (`TOCSIN_WEBHOOK_CONCURRENCY`); while

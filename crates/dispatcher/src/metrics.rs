@@ -90,7 +90,7 @@ impl DispatcherMetrics {
         let unfinished = IntGaugeVec::new(
             Opts::new(
                 "tocsin_deliveries_unfinished",
-                "Deliveries not yet finished, by state (pending, retrying), counted in PostgreSQL.",
+                "Deliveries not yet finished, by state (pending, retrying; held: waiting for a webhook marked slow), counted in PostgreSQL.",
             ),
             &["state"],
         )?;
@@ -156,6 +156,9 @@ pub(crate) async fn refresh_gauges(
                         .with_label_values(&[state.as_str()])
                         .set(n);
                 }
+            }
+            if let Ok(n) = tocsin_domain::db::deliveries::count_held(&mut conn).await {
+                ctx.metrics.unfinished.with_label_values(&["held"]).set(n);
             }
         }
         tokio::select! {

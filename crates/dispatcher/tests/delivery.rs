@@ -513,7 +513,8 @@ async fn a_webhook_at_its_in_flight_limit_defers_instead_of_taking_every_slot() 
     );
 
     // The dispatcher told the writers: while the mark lasts, a new delivery to the hanging
-    // webhook is held in PostgreSQL (no outbox row), and one to the healthy webhook is enqueued.
+    // webhook is held in PostgreSQL (a held pair: no delivery row yet, no outbox row), and one
+    // to the healthy webhook is enqueued.
     harness.wait_marked_slow(stuck.id).await;
     harness.open("limit-while-marked").await;
     let new_delivery = |webhook: uuid::Uuid, condition: &str| {
@@ -524,24 +525,21 @@ async fn a_webhook_at_its_in_flight_limit_defers_instead_of_taking_every_slot() 
     };
     let outbox_row = "EXISTS (SELECT 1 FROM outbox o
         WHERE convert_from(o.payload, 'UTF8')::jsonb ->> 'delivery_id' = d.id::text)";
+    assert_eq!(harness.db.count(&new_delivery(stuck.id, "true")).await, 0);
     assert_eq!(
         harness
             .db
-            .count(&new_delivery(
-                stuck.id,
-                &format!("d.held AND NOT {outbox_row}")
+            .count(&format!(
+                "held_deliveries h JOIN events e ON e.id = h.event_id
+                 JOIN incidents i ON i.id = e.incident_id
+                 WHERE i.dedup_key = 'limit-while-marked' AND h.webhook_id = '{}'",
+                stuck.id
             ))
             .await,
         1
     );
     assert_eq!(
-        harness
-            .db
-            .count(&new_delivery(
-                good.id,
-                &format!("NOT d.held AND {outbox_row}")
-            ))
-            .await,
+        harness.db.count(&new_delivery(good.id, outbox_row)).await,
         1
     );
     harness
@@ -576,8 +574,13 @@ async fn deliveries_held_for_a_hanging_webhook_are_released_when_it_recovers() {
     for i in 0..3 {
         harness.open(&format!("held-{i}")).await;
     }
-    let held = format!("deliveries WHERE webhook_id = '{}' AND held", webhook.id);
+    let held = format!("held_deliveries WHERE webhook_id = '{}'", webhook.id);
     assert_eq!(harness.db.count(&held).await, 3);
+    assert_eq!(
+        harness.deliveries(webhook.id).await.len(),
+        1,
+        "only the first"
+    );
 
     receiver.set_behavior(Behavior::Status(200));
     // The first attempt times out (one attempt allowed: failed); the three held deliveries
@@ -866,14 +869,26 @@ async fn readyz_reports_each_server_it_cannot_reach() {
 
 #[tokio::test]
 async fn metrics_show_queue_depths_and_the_unfinished_backlog() {
-    let harness = Harness::start("0s,1m").await;
-    let port = harness.dispatchers[0].port;
+    let mut harness = Harness::without_dispatcher("0s,1m").await;
+    // Two events held for a webhook that no longer exists, which no release takes.
+    let mut conn = harness.conn().await;
+    diesel_async::RunQueryDsl::execute(
+        diesel::sql_query(
+            "INSERT INTO held_deliveries (webhook_id, event_id, held_at)
+             SELECT gen_random_uuid(), gen_random_uuid(), now() FROM generate_series(1, 2)",
+        ),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    let port = harness.add_dispatcher(|_| {}).await;
     let metrics = || common::metrics(port);
     wait_until("queue gauges", DEADLINE, || async {
         let text = metrics().await;
         text.contains(r#"tocsin_queue_messages{queue="deliveries"} 0"#)
             && text.contains(r#"tocsin_queue_messages{queue="retry.1m"} 0"#)
             && text.contains(r#"tocsin_deliveries_unfinished{state="retrying"} 0"#)
+            && text.contains(r#"tocsin_deliveries_unfinished{state="held"} 2"#)
     })
     .await;
     harness.stop().await;

@@ -35,6 +35,78 @@ async fn migrations_apply_twice_without_error() {
     assert_eq!(second, 0, "nothing is pending the second time");
 }
 
+/// The migration that keeps held deliveries apart moves the previous release's held rows that
+/// were never attempted into `held_deliveries`, leaving one attempted while held as an ordinary
+/// delivery; its `down.sql` moves them back as held rows.
+#[tokio::test]
+async fn held_rows_of_the_previous_release_move_to_held_deliveries_and_back() {
+    use diesel::connection::SimpleConnection;
+    use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
+    use diesel_migrations::MigrationHarness;
+    let db = TestDb::empty().await;
+    let conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let mut wrapper: AsyncConnectionWrapper<AsyncPgConnection> = conn.into();
+    let mut wrapper = tokio::task::spawn_blocking(move || {
+        for _ in 1..db::migration_count() {
+            wrapper.run_next_migration(db::MIGRATIONS).unwrap();
+        }
+        wrapper
+            .batch_execute(
+                "INSERT INTO webhooks (id, name, url, events, max_attempts, timeout_ms, secret,
+                    created_at, updated_at, slow_until)
+                 VALUES ('00000000-0000-7000-8000-000000000001', 'slow', 'http://127.0.0.1:9/',
+                    '{incidents.opened}', 5, 10000, 'whsec_x', now(), now(),
+                    now() + interval '1 minute');
+                 INSERT INTO events (id, kind, incident_id, occurred_at, body)
+                 SELECT ('00000000-0000-7000-8000-00000000001' || n)::uuid, 'incidents.opened',
+                    gen_random_uuid(), now(), '{}'
+                 FROM generate_series(1, 2) n;
+                 INSERT INTO deliveries (id, webhook_id, event_id, event, incident_id, state,
+                    attempt_count, held, next_attempt_at, created_at, updated_at)
+                 SELECT gen_random_uuid(), '00000000-0000-7000-8000-000000000001', e.id, e.kind,
+                    e.incident_id, 'pending', n - 1, true, now() + interval '1 minute', now(),
+                    now()
+                 FROM events e
+                 JOIN generate_series(1, 2) n
+                    ON e.id = ('00000000-0000-7000-8000-00000000001' || n)::uuid;",
+            )
+            .unwrap();
+        wrapper.run_next_migration(db::MIGRATIONS).unwrap();
+        wrapper
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        db.count("held_deliveries WHERE event_id = '00000000-0000-7000-8000-000000000011'")
+            .await,
+        1
+    );
+    assert_eq!(db.count("held_deliveries").await, 1);
+    assert_eq!(
+        db.count("deliveries WHERE attempt_count = 1").await,
+        1,
+        "the attempted one stays"
+    );
+    assert_eq!(db.count("deliveries").await, 1);
+
+    tokio::task::spawn_blocking(move || {
+        wrapper.revert_last_migration(db::MIGRATIONS).unwrap();
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        db.count("deliveries WHERE held AND state = 'pending' AND attempt_count = 0")
+            .await,
+        1
+    );
+    assert_eq!(db.count("deliveries").await, 2);
+    assert_eq!(
+        db.count("pg_tables WHERE tablename = 'held_deliveries'")
+            .await,
+        0
+    );
+}
+
 #[tokio::test]
 async fn concurrent_migrations_serialise_on_the_lock() {
     let db = TestDb::empty().await;
@@ -296,10 +368,11 @@ async fn the_sweeper_leaves_first_attempts_to_the_relays_while_they_are_behind()
     assert_eq!(claimed[0].1, 0, "no automatic attempt made yet");
 }
 
-/// While a dispatcher has a webhook marked slow, its new deliveries are held: rows with no
-/// outbox row, which neither the sweeper nor the release takes while the mark lasts, on each
-/// path that creates deliveries (ingest's one statement, `record_events`, and the dispatcher's
-/// fan-out of an earlier version's event message). Once the mark lapses they are released, once.
+/// While a dispatcher has a webhook marked slow, its new deliveries are held: a row of
+/// `held_deliveries` each, with no delivery row and no outbox row, which neither the sweeper nor
+/// the release takes while the mark lasts, on each path that creates deliveries (ingest's one
+/// statement, `record_events`, and the dispatcher's fan-out of an earlier version's event
+/// message). Once the mark lapses they are released into pending deliveries, once.
 #[tokio::test]
 async fn deliveries_to_a_webhook_marked_slow_are_held_until_the_mark_lapses() {
     use tocsin_domain::db::deliveries::{claim_overdue, release_held, FanOut, ReleaseQuota};
@@ -330,65 +403,63 @@ async fn deliveries_to_a_webhook_marked_slow_are_held_until_the_mark_lapses() {
             .await
             .unwrap();
     }
-    let fanned = deliveries::fan_out(
-        &mut conn,
-        &[FanOut {
-            event_id: legacy.id,
-            kind: legacy.kind,
-            incident_id: legacy.incident_id,
-            test_webhook_id: None,
-            redelivered: false,
-        }],
-    )
-    .await
-    .unwrap();
-    assert_eq!(fanned[0].created, 1);
+    let legacy_fan_out = [FanOut {
+        event_id: legacy.id,
+        kind: legacy.kind,
+        incident_id: legacy.incident_id,
+        test_webhook_id: None,
+        redelivered: false,
+    }];
+    let fanned = deliveries::fan_out(&mut conn, &legacy_fan_out)
+        .await
+        .unwrap();
+    assert_eq!((fanned[0].created, fanned[0].held), (0, 1));
     assert!(
         fanned[0].to_enqueue.is_empty(),
         "a held delivery is not enqueued"
     );
     // Opened, the resolve's events, and the fanned-out event: every one held until the mark
-    // lapses.
-    let created = db.count("deliveries").await;
-    assert!(created >= 4);
-    assert_eq!(
-        db.count("deliveries WHERE held AND next_attempt_at > now() + interval '50 seconds'")
-            .await,
-        created
-    );
+    // lapses, none a delivery yet.
+    let held = db.count("held_deliveries").await;
+    assert_eq!(held, 4);
+    assert_eq!(db.count("deliveries").await, 0);
     assert_eq!(
         outbox::backlog(&mut conn).await.unwrap(),
         before,
         "no outbox row for a held delivery"
     );
-
-    // While the mark lasts nothing takes them, however overdue they look.
-    diesel::sql_query("UPDATE deliveries SET next_attempt_at = now() - interval '10 minutes'")
-        .execute(&mut conn)
+    // Fanned out again while the mark lasts, an event is held once.
+    let again = deliveries::fan_out(&mut conn, &legacy_fan_out)
         .await
         .unwrap();
+    assert_eq!((again[0].created, again[0].held), (0, 0));
+    assert_eq!(db.count("held_deliveries").await, held);
+
+    // While the mark lasts nothing takes them.
     let every = ReleaseQuota::each(10);
     assert!(release_held(&mut conn, 10, &every)
         .await
         .unwrap()
         .is_empty());
-    assert!(claim_overdue(&mut conn, Duration::from_secs(120), 10)
+    assert!(claim_overdue(&mut conn, Duration::ZERO, 10)
         .await
         .unwrap()
         .is_empty());
 
-    // One finishes while held (as by a manual attempt): it is only unmarked.
-    diesel::sql_query(
-        "UPDATE deliveries SET state = 'failed', next_attempt_at = NULL
-         WHERE id = (SELECT id FROM deliveries ORDER BY id LIMIT 1)",
-    )
-    .execute(&mut conn)
-    .await
-    .unwrap();
-
     webhooks::mark_slow(&mut conn, webhook.id, Duration::ZERO)
         .await
         .unwrap();
+    // Fanned out again once the mark has lapsed, an event gets its delivery at once; its held
+    // pair (the oldest) is then only dropped by the release.
+    let again = deliveries::fan_out(&mut conn, &legacy_fan_out)
+        .await
+        .unwrap();
+    assert_eq!((again[0].created, again[0].held), (1, 0));
+    assert!(
+        release_held(&mut conn, 1, &every).await.unwrap().is_empty(),
+        "the pair whose delivery exists is dropped, not released"
+    );
+    assert_eq!(db.count("held_deliveries").await, held - 1);
     let released = release_held(&mut conn, 1, &every).await.unwrap();
     assert_eq!(released.len(), 1, "at most the limit per call");
     assert!(released.iter().all(|w| w.webhook_id == webhook.id));
@@ -409,29 +480,24 @@ async fn deliveries_to_a_webhook_marked_slow_are_held_until_the_mark_lapses() {
         1,
         "at most the quota of every webhook"
     );
-    assert_eq!(
-        release_held(&mut conn, 10, &every).await.unwrap().len() as i64,
-        created - 4,
-        "every pending one, not the finished one"
-    );
     assert!(release_held(&mut conn, 10, &every)
         .await
         .unwrap()
         .is_empty());
-    assert_eq!(db.count("deliveries WHERE held").await, 0);
+    assert_eq!(db.count("held_deliveries").await, 0);
     assert_eq!(
         db.count(
-            "deliveries WHERE state = 'pending'
+            "deliveries WHERE state = 'pending' AND attempt_count = 0
              AND next_attempt_at > now() - interval '1 minute'"
         )
         .await,
-        created - 1,
-        "released deliveries are due now"
+        held,
+        "one delivery per held event, due now"
     );
     assert_eq!(
-        db.count("deliveries WHERE state = 'failed' AND next_attempt_at IS NULL")
+        db.count("(SELECT DISTINCT event_id FROM deliveries) d")
             .await,
-        1
+        held
     );
 
     // A new delivery once the mark has lapsed is an ordinary one.
@@ -442,11 +508,11 @@ async fn deliveries_to_a_webhook_marked_slow_are_held_until_the_mark_lapses() {
     )
     .await
     .unwrap();
-    assert_eq!(db.count("deliveries WHERE held").await, 0);
+    assert_eq!(db.count("held_deliveries").await, 0);
     assert_eq!(outbox::backlog(&mut conn).await.unwrap(), before + 1);
 
-    // Deleting a webhook stops its held deliveries and unmarks them, leaving the release
-    // nothing to do for it.
+    // Deleting a webhook stops its deliveries, and makes each held one a failed delivery with
+    // no attempt, leaving the release nothing to do for it.
     webhooks::mark_slow(&mut conn, webhook.id, Duration::from_secs(60))
         .await
         .unwrap();
@@ -457,13 +523,22 @@ async fn deliveries_to_a_webhook_marked_slow_are_held_until_the_mark_lapses() {
     )
     .await
     .unwrap();
-    assert_eq!(db.count("deliveries WHERE held").await, 1);
+    assert_eq!(db.count("held_deliveries").await, 1);
     webhooks::delete(&mut conn, webhook.id).await.unwrap();
-    assert_eq!(db.count("deliveries WHERE held").await, 0);
+    assert_eq!(db.count("held_deliveries").await, 0);
     assert_eq!(
         db.count("deliveries WHERE state = 'pending' OR state = 'retrying'")
             .await,
         0
+    );
+    assert_eq!(
+        db.count(
+            "deliveries d JOIN incidents i ON i.id = d.incident_id
+             WHERE i.dedup_key = 'deleted' AND d.state = 'failed' AND d.attempt_count = 0
+             AND d.next_attempt_at IS NULL"
+        )
+        .await,
+        1
     );
 }
 
@@ -642,6 +717,16 @@ async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
         .execute(&mut conn)
         .await
         .unwrap();
+    // The event of one pruned delivery is also held for another webhook, marked slow.
+    diesel::sql_query(
+        "INSERT INTO held_deliveries (webhook_id, event_id, held_at)
+         SELECT gen_random_uuid(), event_id, now() - interval '40 days' FROM deliveries
+         WHERE id = $1",
+    )
+    .bind::<diesel::sql_types::Uuid, _>(delivery_ids[1])
+    .execute(&mut conn)
+    .await
+    .unwrap();
     let now = time::OffsetDateTime::now_utc();
     let pruned = retention::prune(
         &mut conn,
@@ -651,7 +736,15 @@ async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
     .await
     .unwrap();
     assert_eq!(pruned.deliveries, 3);
-    assert_eq!(pruned.events, 3, "events of the pruned deliveries go too");
+    assert_eq!(
+        pruned.events, 2,
+        "events of the pruned deliveries go too, but for the one still held"
+    );
+    assert_eq!(
+        db.count("events e JOIN held_deliveries h ON h.event_id = e.id")
+            .await,
+        1
+    );
     assert_eq!(pruned.outbox, 5);
     for kept in [delivery_ids[3], delivery_ids[4]] {
         assert!(repo::get(&mut conn, kept).await.is_ok());

@@ -249,6 +249,8 @@ pub struct FanOut {
 pub struct FannedOut {
     /// Deliveries created now.
     pub created: usize,
+    /// Deliveries held now instead, their webhooks being marked slow (see [`release_held`]).
+    pub held: usize,
     /// Deliveries to enqueue for their first attempt.
     pub to_enqueue: Vec<Waiting>,
 }
@@ -299,12 +301,13 @@ pub async fn fan_out(
     let mut results = vec![FannedOut::default(); events.len()];
     for row in created {
         if let Some(&index) = first_copy.get(&row.event_id) {
-            results[index].created += 1;
-            if row.held {
+            let Some(delivery_id) = row.id else {
+                results[index].held += 1;
                 continue;
-            }
+            };
+            results[index].created += 1;
             results[index].to_enqueue.push(Waiting {
-                delivery_id: row.id,
+                delivery_id,
                 webhook_id: row.webhook_id,
             });
         }
@@ -319,14 +322,13 @@ pub async fn fan_out(
 
 #[derive(QueryableByName)]
 struct CreatedDelivery {
-    #[diesel(sql_type = diesel::sql_types::Uuid)]
-    id: Uuid,
+    /// `None` for a pair held instead.
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Uuid>)]
+    id: Option<Uuid>,
     #[diesel(sql_type = diesel::sql_types::Uuid)]
     event_id: Uuid,
     #[diesel(sql_type = diesel::sql_types::Uuid)]
     webhook_id: Uuid,
-    #[diesel(sql_type = diesel::sql_types::Bool)]
-    held: bool,
 }
 
 /// A new delivery's id in SQL: a UUIDv7 (a millisecond timestamp, then random bits), like
@@ -344,7 +346,7 @@ pub(crate) use uuid_v7_sql;
 /// payload)` columns from `d` (the delivery: `id`, `webhook_id`): the message the dispatcher's
 /// own fan-out publishes ([`crate::amqp::messages::DeliveryMessage`], attempt 1, automatic),
 /// with the webhook's id in a header so that a dispatcher can defer an attempt to a slow
-/// webhook without loading the delivery. A held delivery gets none (see [`held_columns_sql`]).
+/// webhook without loading the delivery. A held pair gets none (see [`hold_sql`]).
 macro_rules! first_attempt_outbox_sql {
     () => {
         "'delivery',
@@ -355,39 +357,50 @@ macro_rules! first_attempt_outbox_sql {
 }
 pub(crate) use first_attempt_outbox_sql;
 
-/// Whether a new delivery is held, and its `next_attempt_at`, as two columns for an insert at
-/// time `$now`, `$slow_until` being its webhook's `slow_until` (set from PostgreSQL's clock,
-/// so compared with `now()`). While a dispatcher has the webhook marked slow, its new
-/// deliveries are held: they wait in PostgreSQL, with no outbox row and no broker message,
-/// until the mark lapses and a dispatcher releases them ([`release_held`]); their next attempt
-/// is expected when the mark lapses.
-macro_rules! held_columns_sql {
-    ($slow_until:literal, $now:literal) => {
+/// Where a fan-out's targets (`t`: `webhook_id`, `event_id`, `slow_until`) go: a webhook that
+/// a dispatcher has marked slow (its `slow_until`, set from PostgreSQL's clock, is ahead of
+/// `now()`) gets no delivery now but a row in `held_deliveries`, the pair and the time `$now`,
+/// with no outbox row and no broker message: the narrowest write that keeps the event for it.
+/// Once the mark lapses a dispatcher releases those rows into pending deliveries
+/// ([`release_held`]). This is the `held` CTE of a fan-out, reading `targets`.
+macro_rules! hold_sql {
+    ($now:literal) => {
         concat!(
-            "coalesce(",
-            $slow_until,
-            " > now(), false),
-        CASE WHEN ",
-            $slow_until,
-            " > now() THEN ",
-            $slow_until,
-            " ELSE ",
+            "held AS (
+    INSERT INTO held_deliveries (webhook_id, event_id, held_at)
+    SELECT t.webhook_id, t.event_id, ",
             $now,
-            " END"
+            "
+    FROM targets t
+    WHERE t.slow_until > now()
+    ORDER BY t.webhook_id, t.event_id
+    ON CONFLICT (webhook_id, event_id) DO NOTHING
+    RETURNING webhook_id, event_id
+)"
         )
     };
 }
-pub(crate) use held_columns_sql;
+pub(crate) use hold_sql;
+
+/// The condition on a fan-out's target `t` for a delivery now: its webhook is not marked slow
+/// (see [`hold_sql`]).
+macro_rules! not_held_sql {
+    () => {
+        "NOT coalesce(t.slow_until > now(), false)"
+    };
+}
+pub(crate) use not_held_sql;
 
 /// Fan-out of the events in `$1`..`$4` (ids, kinds, incident ids, test webhook ids) at `$5`,
 /// followed by `$rest`, which may read the new deliveries from `created` (`id`, `event_id`,
-/// `webhook_id`, `held`) and the events, numbered in the order given, from `input`
-/// (`arrival`). `$rest` is one or more string literals or macros expanding to one.
+/// `webhook_id`), the held pairs from `held` (`webhook_id`, `event_id`) and the events,
+/// numbered in the order given, from `input` (`arrival`). `$rest` is one or more string
+/// literals or macros expanding to one.
 ///
 /// One pending delivery per (event, target): every enabled, undeleted webhook subscribed to the
-/// event's kind, or for a test event its one undeleted webhook; held while the webhook is
-/// marked slow ([`held_columns_sql`]). Rows are inserted in key order, so that concurrent
-/// fan-outs wait for each other's rows in one order.
+/// event's kind, or for a test event its one undeleted webhook; held instead while the webhook
+/// is marked slow ([`hold_sql`]). Rows are inserted in key order, so that concurrent fan-outs
+/// wait for each other's rows in one order.
 macro_rules! fan_out_sql {
     ($($rest:expr),+) => {
         concat!(
@@ -405,19 +418,22 @@ WITH input AS (
     FROM input v JOIN webhooks w ON w.id = v.test_webhook_id AND w.deleted_at IS NULL
 ), created AS (
     INSERT INTO deliveries
-        (id, webhook_id, event_id, event, incident_id, state, held, next_attempt_at,
-         created_at, updated_at)
+        (id, webhook_id, event_id, event, incident_id, state, next_attempt_at, created_at,
+         updated_at)
     SELECT ",
             uuid_v7_sql!(),
             ",
-        t.webhook_id, t.event_id, t.kind, t.incident_id, 'pending', ",
-            held_columns_sql!("t.slow_until", "$5"),
-            ", $5, $5
+        t.webhook_id, t.event_id, t.kind, t.incident_id, 'pending', $5, $5, $5
     FROM targets t
+    WHERE ",
+            not_held_sql!(),
+            "
     ORDER BY t.event_id, t.webhook_id
     ON CONFLICT (event_id, webhook_id) DO NOTHING
-    RETURNING id, event_id, webhook_id, held
-)
+    RETURNING id, event_id, webhook_id
+), ",
+            hold_sql!("$5"),
+            "
 ",
             $($rest),+
         )
@@ -425,17 +441,20 @@ WITH input AS (
 }
 
 /// The dispatcher's fan-out of an event message: the deliveries it created, to enqueue.
-const FAN_OUT_SQL: &str = fan_out_sql!("SELECT id, event_id, webhook_id, held FROM created");
+const FAN_OUT_SQL: &str = fan_out_sql!(
+    "SELECT id, event_id, webhook_id FROM created
+UNION ALL
+SELECT NULL, event_id, webhook_id FROM held"
+);
 
 /// Fan-out in the transaction that records the events: the deliveries, and an outbox row for
-/// the first attempt of each one not held, events in the order given.
+/// the first attempt of each, events in the order given.
 pub(crate) const FAN_OUT_TO_OUTBOX_SQL: &str = fan_out_sql!(
     "INSERT INTO outbox (topic, headers, payload)
 SELECT ",
     first_attempt_outbox_sql!(),
     "
 FROM created d JOIN input v ON v.event_id = d.event_id
-WHERE NOT d.held
 ORDER BY v.arrival, d.webhook_id"
 );
 
@@ -510,7 +529,6 @@ pub async fn waiting_for_first_attempt(
         .filter(deliveries::event_id.eq(event_id))
         .filter(deliveries::state.eq(DeliveryState::Pending.as_str()))
         .filter(deliveries::attempt_count.eq(0))
-        .filter(deliveries::held.eq(false))
         .select((deliveries::id, deliveries::webhook_id))
         .load(conn)
         .await?;
@@ -782,7 +800,6 @@ pub async fn mark_failed_all(
     .set((
         deliveries::state.eq(DeliveryState::Failed.as_str()),
         deliveries::next_attempt_at.eq(None::<OffsetDateTime>),
-        deliveries::held.eq(false),
         deliveries::updated_at.eq(OffsetDateTime::now_utc()),
     ))
     .execute(conn)
@@ -797,8 +814,8 @@ pub async fn mark_failed_all(
 /// A delivery waiting for its first automatic attempt has that attempt's message in the outbox,
 /// written with it. While the outbox holds rows older than `grace` that are not published yet
 /// (RabbitMQ was down, the relays are catching up), such deliveries are left to the relays:
-/// sent by both, they would reach the delivery queue twice. Held deliveries have no message
-/// anywhere yet and are left to [`release_held`].
+/// sent by both, they would reach the delivery queue twice. Held deliveries are not rows of
+/// `deliveries` yet: [`release_held`] makes them so.
 pub async fn claim_overdue(
     conn: &mut AsyncPgConnection,
     grace: std::time::Duration,
@@ -819,8 +836,6 @@ pub async fn claim_overdue(
         let due: Vec<(Uuid, i32)> = deliveries::table
             .filter(deliveries::state.eq_any(["pending", "retrying"]))
             .filter(deliveries::next_attempt_at.lt(now - grace))
-            // Held deliveries wait for their webhook's mark to lapse (`release_held`).
-            .filter(deliveries::held.eq(false))
             .filter(
                 deliveries::state
                     .ne("pending")
@@ -845,17 +860,17 @@ pub async fn claim_overdue(
 }
 
 /// Releases up to `limit` held deliveries whose webhook is no longer marked slow, at most its
-/// quota of each webhook's, oldest first: they stop being held, and those still
-/// waiting for their first automatic attempt are due now and returned, for the caller to
-/// enqueue. The per-webhook quota paces a backlog held for a webhook that may still hang: the
-/// caller starts it small and lets it grow while the webhook answers (the dispatcher's `held`
-/// module). A held row that is no longer such (finished by a manual attempt, or taken up by a
-/// sweeper of the previous release, which does not know `held`) is only unmarked; stopping a
-/// deleted or disabled webhook's deliveries unmarks them itself. Candidates are found webhook by
-/// webhook (the partial index `deliveries_held`), so a large backlog held for a webhook still
-/// marked costs nothing here; only the rows taken are locked, with `FOR UPDATE SKIP LOCKED`,
-/// so several dispatchers may release at once. Released rows whose messages are then lost are
-/// pending first attempts like any other, and the sweeper enqueues them.
+/// quota of each webhook's, oldest event first (event ids are UUIDv7s): each held pair becomes a pending delivery, due now,
+/// created at the time it was held (so the delivery log shows it in its place), and is returned
+/// for the caller to enqueue. The per-webhook quota paces a backlog held for a webhook that may
+/// still hang: the caller starts it small and lets it grow while the webhook answers (the
+/// dispatcher's `held` module). A pair that has its delivery already (its event was fanned out
+/// again while the webhook was not marked) is only dropped. Candidates are found webhook by
+/// webhook (the key of `held_deliveries`), so a large backlog held for a webhook still marked
+/// costs nothing here. Taking a pair deletes it, so of several dispatchers releasing at once
+/// only one creates its delivery (the others wait for its commit and find the pair gone).
+/// Released deliveries whose messages are then lost are pending first attempts like any other,
+/// and the sweeper enqueues them.
 pub async fn release_held(
     conn: &mut AsyncPgConnection,
     limit: i64,
@@ -889,34 +904,47 @@ impl ReleaseQuota {
     }
 }
 
-const RELEASE_HELD_SQL: &str = "\
+const RELEASE_HELD_SQL: &str = concat!(
+    "\
 WITH candidates AS (
-    SELECT held.id, held.next_attempt_at
+    SELECT held.webhook_id, held.event_id, held.held_at
     FROM webhooks w CROSS JOIN LATERAL (
-        SELECT d.id, d.next_attempt_at FROM deliveries d
-        WHERE d.held AND d.webhook_id = w.id
-        ORDER BY d.next_attempt_at
+        SELECT h.webhook_id, h.event_id, h.held_at FROM held_deliveries h
+        WHERE h.webhook_id = w.id
+        ORDER BY h.event_id
         LIMIT least($1, coalesce(
             (SELECT q.n FROM unnest($3::uuid[], $4::bigint[]) AS q(webhook_id, n)
              WHERE q.webhook_id = w.id LIMIT 1),
             $2))
     ) held
     WHERE NOT coalesce(w.slow_until > now(), false)
-    ORDER BY held.next_attempt_at
+    ORDER BY held.event_id
     LIMIT $1
-), due AS (
-    SELECT d.id FROM deliveries d
-    WHERE d.id = ANY(ARRAY(SELECT id FROM candidates)) AND d.held
-    FOR UPDATE SKIP LOCKED
+), taken AS (
+    DELETE FROM held_deliveries h USING candidates c
+    WHERE h.webhook_id = c.webhook_id AND h.event_id = c.event_id
+    RETURNING h.webhook_id, h.event_id, h.held_at
 ), released AS (
-    UPDATE deliveries d SET held = false,
-        next_attempt_at = CASE WHEN d.state = 'pending' AND d.auto_attempts = 0
-            THEN now() ELSE d.next_attempt_at END
-    WHERE d.id = ANY(ARRAY(SELECT id FROM due))
-    RETURNING d.id, d.webhook_id, d.state, d.auto_attempts
+    INSERT INTO deliveries
+        (id, webhook_id, event_id, event, incident_id, state, next_attempt_at, created_at,
+         updated_at)
+    SELECT ",
+    uuid_v7_sql!(),
+    ",
+        t.webhook_id, t.event_id, e.kind, e.incident_id, 'pending', now(), t.held_at, now()
+    FROM taken t JOIN events e ON e.id = t.event_id
+    ORDER BY t.event_id, t.webhook_id
+    ON CONFLICT (event_id, webhook_id) DO NOTHING
+    RETURNING id, webhook_id
 )
-SELECT id AS delivery_id, webhook_id FROM released
-WHERE state = 'pending' AND auto_attempts = 0";
+SELECT id AS delivery_id, webhook_id FROM released"
+);
+
+/// How many deliveries are held (see [`release_held`]), of every webhook.
+pub async fn count_held(conn: &mut AsyncPgConnection) -> Result<i64, DbError> {
+    use super::schema::held_deliveries;
+    Ok(held_deliveries::table.count().get_result(conn).await?)
+}
 
 /// How many deliveries are in each unfinished state (`pending`, `retrying`).
 pub async fn count_unfinished(

@@ -8,7 +8,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::deliveries::{first_attempt_outbox_sql, held_columns_sql, uuid_v7_sql};
+use super::deliveries::{first_attempt_outbox_sql, hold_sql, not_held_sql, uuid_v7_sql};
 use super::outbox::{self, NewEvent, Wake};
 use super::schema::incidents;
 use super::statement::Statement;
@@ -316,7 +316,8 @@ struct OpenedId {
 
 /// Opens an incident for each key without an open one, with its event, a delivery for each
 /// webhook subscribed to `incidents.opened` and the outbox row of each delivery's first attempt
-/// unless it is held (the fan-out of `outbox::record_events`, for this one kind). Keys are inserted in key order
+/// (the fan-out of `outbox::record_events`, for this one kind; a webhook marked slow gets its
+/// pair held instead, see `deliveries::hold_sql`). Keys are inserted in key order
 /// (concurrent batches wait for each other in one order), outbox rows in the order the alerts
 /// came in. The conflict target's predicate is a literal: PostgreSQL must match the partial
 /// index when planning, which a bound parameter does not allow.
@@ -336,28 +337,33 @@ WITH input AS (
 ), recorded AS (
     INSERT INTO events (id, kind, incident_id, occurred_at, body)
     SELECT v.event_id, 'incidents.opened', v.id, $10, v.body FROM input v JOIN opened o ON o.id = v.id
-), fanned AS (
-    INSERT INTO deliveries
-        (id, webhook_id, event_id, event, incident_id, state, held, next_attempt_at,
-         created_at, updated_at)
-    SELECT ",
-    uuid_v7_sql!(),
-    ",
-        w.id, v.event_id, 'incidents.opened', v.id, 'pending', ",
-    held_columns_sql!("w.slow_until", "$10"),
-    ", $10, $10
+), targets AS (
+    SELECT v.event_id, v.id AS incident_id, w.id AS webhook_id, w.slow_until
     FROM input v JOIN opened o ON o.id = v.id
         JOIN webhooks w ON w.deleted_at IS NULL AND w.enabled
             AND w.events @> ARRAY['incidents.opened']
-    ORDER BY v.event_id, w.id
-    RETURNING id, event_id, webhook_id, held
-), queued AS (
+), fanned AS (
+    INSERT INTO deliveries
+        (id, webhook_id, event_id, event, incident_id, state, next_attempt_at, created_at,
+         updated_at)
+    SELECT ",
+    uuid_v7_sql!(),
+    ",
+        t.webhook_id, t.event_id, 'incidents.opened', t.incident_id, 'pending', $10, $10, $10
+    FROM targets t
+    WHERE ",
+    not_held_sql!(),
+    "
+    ORDER BY t.event_id, t.webhook_id
+    RETURNING id, event_id, webhook_id
+), ",
+    hold_sql!("$10"),
+    ", queued AS (
     INSERT INTO outbox (topic, headers, payload)
     SELECT ",
     first_attempt_outbox_sql!(),
     "
     FROM fanned d JOIN input v ON v.event_id = d.event_id
-    WHERE NOT d.held
     ORDER BY v.arrival, d.webhook_id
 )
 SELECT id FROM opened"

@@ -1,7 +1,7 @@
-//! Data lifecycle: finished deliveries (with their attempts), events no delivery refers to any
-//! more and published outbox rows are deleted once older than the retention period. Deletes run
-//! in small batches, each its own short statement that skips locked rows, so the hot tables are
-//! never locked for long.
+//! Data lifecycle: finished deliveries (with their attempts), events no delivery (nor held
+//! delivery) refers to any more and published outbox rows are deleted once older than the
+//! retention period. Deletes run in small batches, each its own short statement that skips
+//! locked rows, so the hot tables are never locked for long.
 
 use diesel::sql_types::{BigInt, Timestamptz};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
@@ -45,6 +45,7 @@ pub async fn prune(
             SELECT e.id FROM events e
             WHERE e.occurred_at < $1
               AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.id)
+              AND NOT EXISTS (SELECT 1 FROM held_deliveries h WHERE h.event_id = e.id)
               AND NOT EXISTS (
                   SELECT 1 FROM outbox o
                   WHERE o.published_at IS NULL AND o.topic = 'event'

@@ -69,7 +69,14 @@ diesel::table! {
         next_attempt_at -> Nullable<Timestamptz>,
         created_at -> Timestamptz,
         updated_at -> Timestamptz,
-        held -> Bool,
+    }
+}
+
+diesel::table! {
+    held_deliveries (webhook_id, event_id) {
+        webhook_id -> Uuid,
+        event_id -> Uuid,
+        held_at -> Timestamptz,
     }
 }
 
@@ -112,6 +119,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     outbox,
     webhooks,
     deliveries,
+    held_deliveries,
     attempts,
     inbound_tokens,
 );

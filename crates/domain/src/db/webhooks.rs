@@ -8,6 +8,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use super::deliveries::uuid_v7_sql;
 use super::schema::{deliveries, webhooks};
 use super::statement::Statement;
 use super::{Cursor, DbError, Page};
@@ -121,7 +122,7 @@ fn event_texts(events: &BTreeSet<EventKind>) -> Vec<String> {
 }
 
 /// Marks a webhook slow for `period` from now (the database's clock): meanwhile its new
-/// deliveries are held in PostgreSQL, with no message (see `deliveries::held_columns_sql` and
+/// deliveries are held in PostgreSQL, with no message (see `deliveries::hold_sql` and
 /// `deliveries::release_held`).
 pub async fn mark_slow(
     conn: &mut AsyncPgConnection,
@@ -324,13 +325,19 @@ pub async fn delete(conn: &mut AsyncPgConnection, id: Uuid) -> Result<(), DbErro
     .await
 }
 
-/// Marks a webhook's pending and retrying deliveries failed (and no longer held), so no further
-/// attempt is made.
+/// Marks a webhook's pending and retrying deliveries failed, so no further attempt is made; its
+/// held deliveries become failed deliveries with no attempt, so that the delivery log shows each
+/// event it did not receive.
 async fn stop_unfinished(
     conn: &mut AsyncPgConnection,
     webhook_id: Uuid,
     now: OffsetDateTime,
 ) -> Result<(), DbError> {
+    Statement::new(STOP_HELD_SQL)
+        .bind::<diesel::sql_types::Uuid, _>(webhook_id)
+        .bind::<diesel::sql_types::Timestamptz, _>(now)
+        .execute(conn)
+        .await?;
     // Locked in id order first, as everywhere deliveries are locked in bulk, so that this
     // cannot deadlock with the dispatcher logging a batch of attempts.
     let unfinished: Vec<Uuid> = deliveries::table
@@ -349,14 +356,31 @@ async fn stop_unfinished(
     .set((
         deliveries::state.eq("failed"),
         deliveries::next_attempt_at.eq(None::<OffsetDateTime>),
-        // Not left to the release to unmark: that would count against the webhook's pace.
-        deliveries::held.eq(false),
         deliveries::updated_at.eq(now),
     ))
     .execute(conn)
     .await?;
     Ok(())
 }
+
+/// Turns webhook `$1`'s held deliveries into failed ones at `$2` (see [`stop_unfinished`]).
+const STOP_HELD_SQL: &str = concat!(
+    "\
+WITH taken AS (
+    DELETE FROM held_deliveries WHERE webhook_id = $1
+    RETURNING event_id, held_at
+)
+INSERT INTO deliveries
+    (id, webhook_id, event_id, event, incident_id, state, next_attempt_at, created_at,
+     updated_at)
+SELECT ",
+    uuid_v7_sql!(),
+    ",
+    $1, t.event_id, e.kind, e.incident_id, 'failed', NULL, t.held_at, $2
+FROM taken t JOIN events e ON e.id = t.event_id
+ORDER BY t.event_id
+ON CONFLICT (event_id, webhook_id) DO NOTHING"
+);
 
 /// Issues a new secret; the old one keeps signing for `grace`.
 pub async fn rotate_secret(
