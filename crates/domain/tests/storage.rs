@@ -717,11 +717,16 @@ async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
         .execute(&mut conn)
         .await
         .unwrap();
-    // The event of one pruned delivery is also held for another webhook, marked slow.
+    // The event of one pruned delivery, a little younger than the others, is also held for
+    // another webhook, marked slow.
     diesel::sql_query(
-        "INSERT INTO held_deliveries (webhook_id, event_id, held_at)
-         SELECT gen_random_uuid(), event_id, now() - interval '40 days' FROM deliveries
-         WHERE id = $1",
+        "WITH held AS (
+             INSERT INTO held_deliveries (webhook_id, event_id, held_at)
+             SELECT gen_random_uuid(), event_id, now() - interval '35 days' FROM deliveries
+             WHERE id = $1
+             RETURNING event_id)
+         UPDATE events SET occurred_at = now() - interval '35 days'
+         WHERE id IN (SELECT event_id FROM held)",
     )
     .bind::<diesel::sql_types::Uuid, _>(delivery_ids[1])
     .execute(&mut conn)
@@ -749,6 +754,11 @@ async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
     for kept in [delivery_ids[3], delivery_ids[4]] {
         assert!(repo::get(&mut conn, kept).await.is_ok());
     }
+    // With nothing held, it goes too.
+    diesel::sql_query("DELETE FROM held_deliveries")
+        .execute(&mut conn)
+        .await
+        .unwrap();
     let again = retention::prune(
         &mut conn,
         now - time::Duration::days(30),
@@ -756,7 +766,21 @@ async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
     )
     .await
     .unwrap();
-    assert_eq!(again, retention::Pruned::default());
+    assert_eq!(
+        again,
+        retention::Pruned {
+            events: 1,
+            ..Default::default()
+        }
+    );
+    let last = retention::prune(
+        &mut conn,
+        now - time::Duration::days(30),
+        now - time::Duration::DAY,
+    )
+    .await
+    .unwrap();
+    assert_eq!(last, retention::Pruned::default());
 }
 
 /// Attempts logged together (the dispatcher's batches) move each delivery as they would alone:

@@ -9,12 +9,15 @@ CREATE TABLE IF NOT EXISTS held_deliveries (
     held_at     timestamptz NOT NULL,
     PRIMARY KEY (webhook_id, event_id)
 );
--- Held rows never attempted move over. `deliveries.held` and its index stay for the previous
--- release's pods during the rollout (expand, then contract a release later): a held row that
--- such a pod writes, or one attempted while held, is an ordinary overdue delivery to this
--- release, which the sweeper enqueues once its mark has lapsed (docs/operations.md).
+-- Held rows never attempted move over, in one statement: a row that the previous release's pods
+-- commit meanwhile is neither moved nor deleted. `deliveries.held` and its index stay for those
+-- pods during the rollout (expand, then contract a release later): a held row that such a pod
+-- writes, or one attempted while held, is an ordinary overdue delivery to this release, which
+-- the sweeper enqueues once its mark has lapsed (docs/operations.md).
+WITH moved AS (
+    DELETE FROM deliveries WHERE held AND state = 'pending' AND attempt_count = 0
+    RETURNING webhook_id, event_id, created_at
+)
 INSERT INTO held_deliveries (webhook_id, event_id, held_at)
-SELECT webhook_id, event_id, created_at FROM deliveries
-WHERE held AND state = 'pending' AND attempt_count = 0
+SELECT webhook_id, event_id, created_at FROM moved
 ON CONFLICT DO NOTHING;
-DELETE FROM deliveries WHERE held AND state = 'pending' AND attempt_count = 0;

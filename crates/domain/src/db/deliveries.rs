@@ -867,8 +867,9 @@ pub async fn claim_overdue(
 /// dispatcher's `held` module). A pair that has its delivery already (its event was fanned out
 /// again while the webhook was not marked) is only dropped. Candidates are found webhook by
 /// webhook (the key of `held_deliveries`), so a large backlog held for a webhook still marked
-/// costs nothing here. Taking a pair deletes it, so of several dispatchers releasing at once
-/// only one creates its delivery (the others wait for its commit and find the pair gone).
+/// costs nothing here. The pairs taken are locked with `FOR UPDATE SKIP LOCKED` and deleted,
+/// so several dispatchers releasing at once take different pairs and never wait for each other,
+/// and each pair becomes one delivery.
 /// Released deliveries whose messages are then lost are pending first attempts like any other,
 /// and the sweeper enqueues them.
 pub async fn release_held(
@@ -916,6 +917,7 @@ WITH candidates AS (
             (SELECT q.n FROM unnest($3::uuid[], $4::bigint[]) AS q(webhook_id, n)
              WHERE q.webhook_id = w.id LIMIT 1),
             $2))
+        FOR UPDATE OF h SKIP LOCKED
     ) held
     WHERE NOT coalesce(w.slow_until > now(), false)
     ORDER BY held.event_id
