@@ -860,9 +860,9 @@ pub async fn claim_overdue(
 }
 
 /// Releases up to `limit` held deliveries whose webhook is no longer marked slow, at most its
-/// quota of each webhook's, oldest event first (event ids are UUIDv7s): each held pair becomes a pending delivery, due now,
-/// created at the time it was held (so the delivery log shows it in its place), and is returned
-/// for the caller to enqueue. The per-webhook quota paces a backlog held for a webhook that may
+/// quota of each webhook's, oldest event first (event ids are UUIDv7s): each held pair becomes
+/// a pending delivery, due now, created at the time it was held (so the delivery log shows it
+/// in its place), and is returned for the caller to enqueue. The per-webhook quota paces a backlog held for a webhook that may
 /// still hang: the caller starts it small and lets it grow while the webhook answers (the
 /// dispatcher's `held` module). A pair that has its delivery already (its event was fanned out
 /// again while the webhook was not marked) is only dropped. Candidates are found webhook by
@@ -905,6 +905,34 @@ impl ReleaseQuota {
     }
 }
 
+/// The insert into `deliveries` of the pairs in `taken` (`webhook_id`, `event_id`, `held_at`:
+/// rows just deleted from `held_deliveries`), each in state `$state` with `$next_attempt_at`,
+/// updated at `$now` and created at the time it was held. A pair whose delivery exists already
+/// is dropped. Shared by the release and by stopping a webhook's deliveries.
+macro_rules! deliveries_from_held_sql {
+    ($state:literal, $next_attempt_at:literal, $now:literal) => {
+        concat!(
+            "INSERT INTO deliveries
+    (id, webhook_id, event_id, event, incident_id, state, next_attempt_at, created_at,
+     updated_at)
+SELECT ",
+            uuid_v7_sql!(),
+            ",
+    t.webhook_id, t.event_id, e.kind, e.incident_id, '",
+            $state,
+            "', ",
+            $next_attempt_at,
+            ", t.held_at, ",
+            $now,
+            "
+FROM taken t JOIN events e ON e.id = t.event_id
+ORDER BY t.event_id, t.webhook_id
+ON CONFLICT (event_id, webhook_id) DO NOTHING"
+        )
+    };
+}
+pub(crate) use deliveries_from_held_sql;
+
 const RELEASE_HELD_SQL: &str = concat!(
     "\
 WITH candidates AS (
@@ -927,16 +955,9 @@ WITH candidates AS (
     WHERE h.webhook_id = c.webhook_id AND h.event_id = c.event_id
     RETURNING h.webhook_id, h.event_id, h.held_at
 ), released AS (
-    INSERT INTO deliveries
-        (id, webhook_id, event_id, event, incident_id, state, next_attempt_at, created_at,
-         updated_at)
-    SELECT ",
-    uuid_v7_sql!(),
-    ",
-        t.webhook_id, t.event_id, e.kind, e.incident_id, 'pending', now(), t.held_at, now()
-    FROM taken t JOIN events e ON e.id = t.event_id
-    ORDER BY t.event_id, t.webhook_id
-    ON CONFLICT (event_id, webhook_id) DO NOTHING
+",
+    deliveries_from_held_sql!("pending", "now()", "now()"),
+    "
     RETURNING id, webhook_id
 )
 SELECT id AS delivery_id, webhook_id FROM released"

@@ -1,7 +1,7 @@
 //! Data lifecycle: finished deliveries (with their attempts), events no delivery refers to any
 //! more (and older than every event a held delivery names) and published outbox rows are
-//! deleted once older than the retention period. Deletes run in small batches, each its own short statement that skips
-//! locked rows, so the hot tables are never locked for long.
+//! deleted once older than the retention period. Deletes run in small batches, each its own
+//! short statement that skips locked rows, so the hot tables are never locked for long.
 
 use diesel::sql_types::{BigInt, Timestamptz};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};

@@ -8,7 +8,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::deliveries::uuid_v7_sql;
+use super::deliveries::{deliveries_from_held_sql, uuid_v7_sql};
 use super::schema::{deliveries, webhooks};
 use super::statement::Statement;
 use super::{Cursor, DbError, Page};
@@ -368,18 +368,10 @@ const STOP_HELD_SQL: &str = concat!(
     "\
 WITH taken AS (
     DELETE FROM held_deliveries WHERE webhook_id = $1
-    RETURNING event_id, held_at
+    RETURNING webhook_id, event_id, held_at
 )
-INSERT INTO deliveries
-    (id, webhook_id, event_id, event, incident_id, state, next_attempt_at, created_at,
-     updated_at)
-SELECT ",
-    uuid_v7_sql!(),
-    ",
-    $1, t.event_id, e.kind, e.incident_id, 'failed', NULL, t.held_at, $2
-FROM taken t JOIN events e ON e.id = t.event_id
-ORDER BY t.event_id
-ON CONFLICT (event_id, webhook_id) DO NOTHING"
+",
+    deliveries_from_held_sql!("failed", "NULL", "$2")
 );
 
 /// Issues a new secret; the old one keeps signing for `grace`.
