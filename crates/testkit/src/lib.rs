@@ -11,6 +11,7 @@
 
 mod broker;
 mod database;
+pub mod deliveries;
 pub mod fuzz;
 mod process;
 mod proxy;
