@@ -68,11 +68,13 @@ enum Action {
     Target(Behavior),
     /// `n` operators press retry on one delivery at once (the newest, or an older one).
     Retries { pick: u64, n: usize },
+    /// An operator presses retry on one delivery every 150 ms for two seconds.
+    Pound { pick: u64 },
     /// SIGKILL one dispatcher, then start a new one `after` later.
     Kill { which: usize, after: Duration },
-    /// Disable, then enable again after a while, a webhook (not the stable one).
+    /// Disable, then enable again after a while, a webhook (the second).
     Toggle { hook: usize, after: Duration },
-    /// Delete a webhook (not the stable one).
+    /// Delete a webhook (the third).
     Delete { hook: usize },
 }
 
@@ -100,19 +102,17 @@ fn schedule(seed: u64) -> Vec<(Duration, Action)> {
         actions.push((ms(&mut rng), Action::Retries { pick, n }));
     }
     for _ in 0..(1 + rng.below(2)) {
+        let pick = rng.next();
+        actions.push((ms(&mut rng), Action::Pound { pick }));
+    }
+    for _ in 0..(1 + rng.below(2)) {
         let which = rng.below(2) as usize;
         let after = Duration::from_millis(200 + rng.below(800));
         actions.push((ms(&mut rng), Action::Kill { which, after }));
     }
     if rng.below(2) == 0 {
         let after = Duration::from_millis(300 + rng.below(1500));
-        actions.push((
-            ms(&mut rng),
-            Action::Toggle {
-                hook: 1 + rng.below(2) as usize,
-                after,
-            },
-        ));
+        actions.push((ms(&mut rng), Action::Toggle { hook: 1, after }));
     }
     if rng.below(3) == 0 {
         actions.push((ms(&mut rng), Action::Delete { hook: 2 }));
@@ -501,6 +501,31 @@ async fn run(seed: u64) -> Vec<String> {
                     }
                 }
             }
+            Action::Pound { pick } => {
+                let log = system
+                    .admin("GET", "/api/v1/deliveries?limit=20", None)
+                    .await;
+                let items = log["items"].as_array().cloned().unwrap_or_default();
+                if let Some(item) = items.get((pick % items.len().max(1) as u64) as usize) {
+                    let id = item["id"].as_str().unwrap().to_owned();
+                    let (client, port) = (system.client.clone(), system.admin_port);
+                    retries.spawn(async move {
+                        for _ in 0..14 {
+                            let answer = client
+                                .post(format!(
+                                    "http://127.0.0.1:{port}/api/v1/deliveries/{id}/retry"
+                                ))
+                                .bearer_auth(ADMIN_TOKEN)
+                                .send()
+                                .await
+                                .expect("the admin API answers");
+                            let status = answer.status().as_u16();
+                            assert!(status == 202 || status == 409, "retry answered {status}");
+                            tokio::time::sleep(Duration::from_millis(150)).await;
+                        }
+                    });
+                }
+            }
             Action::Kill { which, after } => {
                 if let Some((process, _)) = system.dispatchers[which].take() {
                     process.kill();
@@ -730,14 +755,61 @@ async fn run(seed: u64) -> Vec<String> {
     broken
 }
 
+/// The invariant a problem breaks, from its text.
+fn kind_of(problem: &str) -> &'static str {
+    [
+        (
+            "automatic attempts, max_attempts",
+            "more automatic attempts than max_attempts",
+        ),
+        (
+            "not logged",
+            "a request the target got is not in the attempt log",
+        ),
+        (
+            "was sent",
+            "one logged attempt reached the target more than once",
+        ),
+        (
+            "never got it",
+            "a logged attempt (not interrupted) never reached the target",
+        ),
+        ("succeeded, now", "a succeeded delivery changed state"),
+        (
+            "had a successful attempt",
+            "a delivery with a successful attempt is not succeeded",
+        ),
+        (
+            "for the stable webhook",
+            "an event without its delivery to a subscribed webhook",
+        ),
+        (
+            "deliveries for",
+            "an event with two deliveries to one webhook",
+        ),
+        ("in the log", "a delivery missing from the delivery log"),
+    ]
+    .into_iter()
+    .find(|(needle, _)| problem.contains(needle))
+    .map_or("other", |(_, kind)| kind)
+}
+
 #[tokio::test]
 async fn no_interleaving_breaks_the_delivery_engines_invariants() {
     let mut failed = Vec::new();
     for seed in seeds() {
         let broken = run(seed).await;
         if !broken.is_empty() {
-            for problem in broken.iter().take(20) {
-                eprintln!("invariant seed {seed}: {problem}");
+            // Each kind of problem counted, with a few examples.
+            let mut kinds: BTreeMap<&str, Vec<&String>> = BTreeMap::new();
+            for problem in &broken {
+                kinds.entry(kind_of(problem)).or_default().push(problem);
+            }
+            for (kind, problems) in kinds {
+                eprintln!("invariant seed {seed}: {} × {kind}", problems.len());
+                for problem in problems.iter().take(3) {
+                    eprintln!("invariant seed {seed}:     {problem}");
+                }
             }
             failed.push(seed);
         }
