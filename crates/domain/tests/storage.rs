@@ -325,7 +325,7 @@ async fn an_incident_moves_through_its_lifecycle_with_its_events() {
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
     webhook_for_every_event(&mut conn, "every event").await;
 
-    let opened = incidents::apply_signals(
+    let opened = tocsin_testkit::apply_signals(
         &mut conn,
         &[signal("k1", AlertAction::Trigger)],
         outbox::Wake::Listeners,
@@ -342,7 +342,7 @@ async fn an_incident_moves_through_its_lifecycle_with_its_events() {
     assert_eq!(body["data"]["id"], incident.id.to_string());
     assert_eq!(body["data"]["status"], "triggered");
 
-    let repeated = incidents::apply_signals(
+    let repeated = tocsin_testkit::apply_signals(
         &mut conn,
         &[signal("k1", AlertAction::Trigger)],
         outbox::Wake::Listeners,
@@ -352,7 +352,7 @@ async fn an_incident_moves_through_its_lifecycle_with_its_events() {
     assert_eq!(repeated[0].change, Change::Unchanged);
     assert!(repeated[0].events.is_empty());
 
-    let acked = incidents::apply_signals(
+    let acked = tocsin_testkit::apply_signals(
         &mut conn,
         &[signal("k1", AlertAction::Acknowledge)],
         outbox::Wake::Listeners,
@@ -368,7 +368,7 @@ async fn an_incident_moves_through_its_lifecycle_with_its_events() {
     let kinds: Vec<EventKind> = acked[0].events.iter().map(|e| e.kind).collect();
     assert_eq!(kinds, [EventKind::IncidentStatusChanged]);
 
-    let resolved = incidents::apply_signals(
+    let resolved = tocsin_testkit::apply_signals(
         &mut conn,
         &[signal("k1", AlertAction::Resolve)],
         outbox::Wake::Listeners,
@@ -387,7 +387,7 @@ async fn an_incident_moves_through_its_lifecycle_with_its_events() {
     assert_eq!(changed["data"]["previous_status"], "acknowledged");
     assert_eq!(changed["data"]["status"], "resolved");
 
-    let nothing = incidents::apply_signals(
+    let nothing = tocsin_testkit::apply_signals(
         &mut conn,
         &[signal("k1", AlertAction::Resolve)],
         outbox::Wake::Listeners,
@@ -397,7 +397,7 @@ async fn an_incident_moves_through_its_lifecycle_with_its_events() {
     assert_eq!(nothing[0].change, Change::NoOpenIncident);
 
     // Resolved is final: the same key opens a new incident.
-    let reopened = incidents::apply_signals(
+    let reopened = tocsin_testkit::apply_signals(
         &mut conn,
         &[signal("k1", AlertAction::Trigger)],
         outbox::Wake::Listeners,
@@ -466,7 +466,7 @@ async fn recording_events_writes_one_event_outbox_row_per_event_and_no_delivery(
     .await
     .unwrap();
     expected.extend(batch.iter().flatten().flat_map(|o| o.events.clone()));
-    let general = incidents::apply_signals(
+    let general = tocsin_testkit::apply_signals(
         &mut conn,
         &[
             signal("c", AlertAction::Trigger),
@@ -540,7 +540,7 @@ async fn fifty_concurrent_alerts_with_one_new_key_open_one_incident() {
         let pool = pool.clone();
         tokio::spawn(async move {
             let mut conn = pool.get().await.unwrap();
-            incidents::apply_signals(
+            tocsin_testkit::apply_signals(
                 &mut conn,
                 &[signal("race", AlertAction::Trigger)],
                 outbox::Wake::Listeners,
@@ -573,7 +573,7 @@ async fn many_incidents_open_on_one_connection() {
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
     webhook_for_every_event(&mut conn, "every event").await;
     for i in 0..12 {
-        let outcome = incidents::apply_signals(
+        let outcome = tocsin_testkit::apply_signals(
             &mut conn,
             &[signal(&format!("key-{i}"), AlertAction::Trigger)],
             outbox::Wake::Listeners,
@@ -595,7 +595,7 @@ async fn a_failed_transaction_leaves_no_row_behind() {
     too_long.dedup_key = "bad\0key".into();
     let good = signal("good", AlertAction::Trigger);
     let result =
-        incidents::apply_signals(&mut conn, &[good, too_long], outbox::Wake::Listeners).await;
+        tocsin_testkit::apply_signals(&mut conn, &[good, too_long], outbox::Wake::Listeners).await;
     assert!(result.is_err());
     assert_eq!(
         db.count("incidents").await,
@@ -686,7 +686,7 @@ async fn fan_out_delivers_to_enabled_undeleted_subscribed_webhooks_once() {
     assert_eq!(db.count("deliveries").await, 2);
 
     // An event nobody subscribes to makes no delivery; resolving makes one to `resolved`.
-    let resolution = incidents::apply_signals(
+    let resolution = tocsin_testkit::apply_signals(
         &mut conn,
         &[signal("a", AlertAction::Resolve)],
         outbox::Wake::Caller,
@@ -1643,7 +1643,11 @@ async fn wait_moves_only_deliveries_as_the_caller_saw_them() {
             (DeliveryState::Succeeded, None),
             (DeliveryState::Waiting, busy),
         ]
-    );
+    ); // One waiting already stays as it is, and is not counted again.
+    let again = deliveries::wait(&mut conn, &due[..1], WaitReason::WebhookBusy)
+        .await
+        .unwrap();
+    assert_eq!(again, [false]);
 }
 
 /// Claimed from `waiting`, a delivery goes back to `pending` when it has had no automatic
@@ -2230,7 +2234,7 @@ async fn set_max_attempts(conn: &mut AsyncPgConnection, webhook_id: Uuid, max_at
 
 /// Opens an incident; returns its `incidents.opened` event.
 async fn open(conn: &mut AsyncPgConnection, key: &str) -> NewEvent {
-    let outcome = incidents::apply_signals(
+    let outcome = tocsin_testkit::apply_signals(
         conn,
         &[signal(key, AlertAction::Trigger)],
         outbox::Wake::Caller,

@@ -539,9 +539,10 @@ fn rounds(ids: impl Iterator<Item = Uuid>) -> Vec<Vec<usize>> {
     rounds
 }
 
-/// Moves deliveries whose webhook has no room for their attempt now to `waiting`, for the
-/// reason given, unless they moved on meanwhile: each `Due` holds the automatic attempts the
-/// caller saw. Answers whether each moved.
+/// Moves pending or retrying deliveries whose webhook has no room for their attempt now to
+/// `waiting`, for the reason given, unless they moved on meanwhile: each `Due` holds the
+/// automatic attempts the caller saw. Answers whether each moved (one waiting already stays as
+/// it is).
 pub async fn wait(
     conn: &mut AsyncPgConnection,
     due: &[Due],
@@ -552,7 +553,7 @@ pub async fn wait(
     let moved: Vec<Uuid> = Statement::new(
         "UPDATE deliveries d SET state = 'waiting', wait_reason = $3, updated_at = now()
 FROM unnest($1::uuid[], $2::int4[]) AS v(id, expected)
-WHERE d.id = v.id AND d.state IN ('pending', 'waiting', 'retrying')
+WHERE d.id = v.id AND d.state IN ('pending', 'retrying')
     AND d.auto_attempts = v.expected AND d.attempting_until IS NULL
 RETURNING d.id",
     )
