@@ -1167,7 +1167,7 @@ async fn bulk_recovery_retries_the_failed_deliveries_since_a_time() {
 async fn incident_status_changes_follow_the_rules_and_emit_events() {
     let admin = TestAdmin::start().await;
     let mut conn = admin.conn().await;
-    let opened = incidents::apply_signals(
+    let opened = tocsin_testkit::apply_signals(
         &mut conn,
         &[signal("a"), signal("b")],
         outbox::Wake::Listeners,

@@ -254,7 +254,7 @@ async fn seed_incident(conn: &mut AsyncPgConnection) -> Uuid {
         source: Some("test".into()),
         reply_key: None,
     };
-    let outcomes = incidents::apply_signals(conn, &[signal], outbox::Wake::Listeners)
+    let outcomes = tocsin_testkit::apply_signals(conn, &[signal], outbox::Wake::Listeners)
         .await
         .unwrap();
     outcomes[0].incident.as_ref().unwrap().id

@@ -269,7 +269,7 @@ impl Transition {
 
 /// How many automatic attempts a webhook's deliveries get: its `max_attempts`, at most the
 /// schedule's length.
-pub fn allowed_attempts(max_attempts: u8, schedule: &RetrySchedule) -> u8 {
+fn allowed_attempts(max_attempts: u8, schedule: &RetrySchedule) -> u8 {
     max_attempts.min(schedule.attempts())
 }
 

@@ -52,7 +52,7 @@ async fn open_incident(db: &TestDb, key: &str) -> NewEvent {
         source: None,
         reply_key: None,
     };
-    incidents::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
+    tocsin_testkit::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
         .await
         .unwrap()[0]
         .events[0]

@@ -149,7 +149,7 @@ impl Harness {
             source: None,
             reply_key: None,
         };
-        incidents::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
+        tocsin_testkit::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
             .await
             .unwrap()[0]
             .incident

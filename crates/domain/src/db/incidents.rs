@@ -128,20 +128,10 @@ pub fn events_for(incident: &Incident, change: Change, at: OffsetDateTime) -> Ve
     }
 }
 
-/// Applies the signals of one alert body in one transaction, recording their events in the
-/// outbox (`wake` says how relays learn of them). Concurrent signals for the same new key open
-/// one incident.
-pub async fn apply_signals(
-    conn: &mut AsyncPgConnection,
-    signals: &[AlertSignal],
-    wake: Wake,
-) -> Result<Vec<SignalOutcome>, DbError> {
-    let mut outcomes = apply_alerts(conn, &[signals.to_vec()], wake).await?;
-    Ok(outcomes.pop().unwrap_or_default())
-}
-
-/// Applies several alert bodies as [`apply_signals`] does each, in one transaction (one commit
-/// for all: ingest gathers the alerts it receives concurrently). Answers per body.
+/// Applies the signals of several alert bodies in one transaction (one commit for all: ingest
+/// gathers the alerts it receives concurrently), recording their events in the outbox (`wake`
+/// says how relays learn of them). Concurrent signals for the same new key open one incident.
+/// Answers per body.
 pub async fn apply_alerts(
     conn: &mut AsyncPgConnection,
     bodies: &[Vec<AlertSignal>],
