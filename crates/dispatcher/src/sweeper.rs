@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tocsin_domain::db::deliveries::{self, AttemptResult, Completion, Due};
 use tocsin_domain::db::{self, DbError};
-use tocsin_domain::delivery::{DeliveryState, Transition, Trigger};
+use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, LEASE_MARGIN};
@@ -108,6 +108,14 @@ async fn record_interrupted(ctx: &Context) -> anyhow::Result<usize> {
             continue;
         };
         recorded += 1;
+        ctx.metrics
+            .attempts
+            .with_label_values(&[
+                "failure",
+                AttemptError::Interrupted.as_str(),
+                trigger.as_str(),
+            ])
+            .inc();
         match (transition, completed.moved, completed.state) {
             (Transition::Retry { delay }, true, Some(DeliveryState::Retrying)) => {
                 let next = Due {

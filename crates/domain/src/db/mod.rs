@@ -290,9 +290,8 @@ pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<DbPool> {
 ///
 /// - `jit = off`: every query here reads or writes a few rows. Costed above `jit_above_cost`
 ///   (which a seq scan of a small table under `enable_seqscan = off` always is), PostgreSQL
-///   compiled the query with LLVM on every call: the held-delivery release, run every second,
-///   took 0.4-2.2 s each time under load instead of 0.3 ms (docs/performance.md, seventh
-///   round).
+///   compiled the query with LLVM on every call: a statement run every second took 0.4-2.2 s
+///   each time under load instead of 0.3 ms.
 ///
 /// Queries that depend on a literal to pick a partial index carry that literal in their text.
 pub const SESSION_SETTINGS: &str =
