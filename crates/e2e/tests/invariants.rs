@@ -68,7 +68,8 @@ enum Action {
     Target(Behavior),
     /// `n` operators press retry on one delivery at once (the newest, or an older one).
     Retries { pick: u64, n: usize },
-    /// An operator presses retry on one delivery every 150 ms for two seconds.
+    /// The target answers 500 after 0.4 s, and an operator presses retry on one delivery
+    /// every 150 ms for two seconds.
     Pound { pick: u64 },
     /// SIGKILL one dispatcher, then start a new one `after` later.
     Kill { which: usize, after: Duration },
@@ -502,6 +503,10 @@ async fn run(seed: u64) -> Vec<String> {
                 }
             }
             Action::Pound { pick } => {
+                // The target of the report of a sixth automatic attempt: 500 after 0.4 s.
+                system
+                    .target
+                    .set_behavior(Behavior::Delay(Duration::from_millis(400), 500));
                 let log = system
                     .admin("GET", "/api/v1/deliveries?limit=20", None)
                     .await;
