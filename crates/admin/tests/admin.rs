@@ -15,7 +15,7 @@ use tocsin_admin::Config;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
 use tocsin_domain::config::CommonConfig;
 use tocsin_domain::db::outbox::{self, NewEvent};
-use tocsin_domain::db::{incidents, tokens};
+use tocsin_domain::db::tokens;
 use tocsin_domain::{
     AccessToken, EventKind, EventPayload, IncidentData, IncidentStatus, IncidentTitle, Severity,
 };

@@ -13,7 +13,6 @@ use time::OffsetDateTime;
 use tocsin_admin::Config;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
 use tocsin_domain::config::CommonConfig;
-use tocsin_domain::db::incidents;
 use tocsin_domain::db::outbox::{self, NewEvent};
 use tocsin_domain::{
     EventKind, EventPayload, IncidentData, IncidentStatus, IncidentTitle, Severity,

@@ -5,7 +5,7 @@
 //! | `TOCSIN_DISPATCHER_ADDR` | `127.0.0.1:8082` | address of `/healthz`, `/readyz`, `/metrics` |
 //! | `TOCSIN_ALLOWED_TARGETS` | empty | CIDRs exempt from the SSRF rules, comma-separated |
 //! | `TOCSIN_DISPATCHER_CONCURRENCY` | `256` | attempts in flight at once (the delivery queue's prefetch) |
-//! | `TOCSIN_FANOUT_PREFETCH` | `64` | events fanned out at once |
+//! | `TOCSIN_FANOUT_PREFETCH` | `256` | events fanned out at once |
 //! | `TOCSIN_WEBHOOK_CONCURRENCY` | `64` | requests in flight to one webhook; its other deliveries are `waiting` until one finishes |
 //! | `TOCSIN_SWEEP_INTERVAL` | `30s` | how often the sweeper looks for overdue deliveries |
 //! | `TOCSIN_SWEEP_GRACE` | `2m` | how overdue a delivery must be before the sweeper re-enqueues it |
@@ -53,7 +53,7 @@ pub struct Config {
     pub webhook_concurrency: u16,
 
     /// Events fanned out at once.
-    #[arg(long, env = "TOCSIN_FANOUT_PREFETCH", value_name = "TOCSIN_FANOUT_PREFETCH", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    #[arg(long, env = "TOCSIN_FANOUT_PREFETCH", value_name = "TOCSIN_FANOUT_PREFETCH", default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub fanout_prefetch: u16,
 
     /// How often the sweeper runs.

@@ -139,6 +139,24 @@ async fn attempt(ctx: &Context, claim: Claim, slot: Option<Slot>, claimed: Claim
         }
         Err(outcome) => return outcome,
     };
+    make(ctx, job, slot).await
+}
+
+/// Makes a first attempt claimed with its delivery by the fan-out: takes a slot of its
+/// webhook (it may wait while the webhook answers; one that stopped answering meanwhile does
+/// not hold back an attempt already logged) and a request slot, tells `started`, and makes it.
+#[tracing::instrument(skip_all, fields(delivery_id = %job.delivery.id, attempt = job.number))]
+pub(crate) async fn make_claimed(ctx: &Context, job: Job, started: Claimed) -> Outcome {
+    let slot = ctx.slots.take(job.webhook.id).await;
+    let Ok(_request) = ctx.requests.acquire().await else {
+        return Outcome::Requeue;
+    };
+    tell(started);
+    make(ctx, job, slot).await
+}
+
+/// Sends a claimed attempt, records its outcome, and schedules the next one.
+async fn make(ctx: &Context, job: Job, slot: Option<Slot>) -> Outcome {
     tracing::Span::current().record("attempt", job.number);
     ctx.metrics.in_flight.inc();
     let started = OffsetDateTime::now_utc();

@@ -1,17 +1,17 @@
 //! Fan-out: an incident event from the events exchange becomes one delivery per enabled webhook
-//! subscribed to its kind, created idempotently (a redelivered event creates none twice), and
-//! this dispatcher makes their first attempts at once, itself: no message per delivery. The
-//! event message is acked once every first attempt is claimed (logged, its request about to go
-//! out) or its delivery is `waiting`; a dispatcher that stops or dies before then leaves the
-//! event to be redelivered, and the redelivered event gives its deliveries still without an
-//! attempt to the dispatcher that takes it.
+//! subscribed to its kind, created idempotently (a redelivered event creates none twice), each
+//! with its first attempt claimed in the same statement (or `waiting`, when its webhook is
+//! busy here), and this dispatcher makes those first attempts at once, itself: no message per
+//! delivery. The event message is acked once every first attempt has its slots; a dispatcher
+//! that dies before making them leaves claimed attempts that the sweeper records as interrupted
+//! once their lease ends, and they are retried on the schedule.
 
 use std::sync::Arc;
 
 use lapin::message::Delivery;
 use tocsin_domain::amqp::messages::EventMessage;
 use tocsin_domain::db;
-use tocsin_domain::db::deliveries::{Due, FanOut, FannedOut};
+use tocsin_domain::db::deliveries::{Due, FanOut, FannedOut, Job};
 use tokio::sync::oneshot;
 
 use crate::context::{retry_db, Context, Outcome};
@@ -35,24 +35,42 @@ async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) ->
     };
     // Webhooks with no free slot here get their deliveries `waiting` from the start.
     let busy: Arc<[uuid::Uuid]> = ctx.slots.busy().into();
-    let FannedOut { pending, waiting } = match retry_db!(
+    let FannedOut {
+        claimed,
+        pending,
+        waiting,
+    } = match retry_db!(
         ctx,
         db::submit(&ctx.fanouts, (request.clone(), busy.clone())).await
     ) {
         Ok(fanned) => fanned,
         Err(outcome) => return outcome,
     };
-    ctx.metrics
-        .deliveries_created
-        .inc_by((pending.len() + waiting) as u64);
+    let created = claimed.len() + pending.len() + waiting;
+    ctx.metrics.deliveries_created.inc_by(created as u64);
     ctx.metrics.waited.inc_by(waiting as u64);
-    tracing::debug!(deliveries = pending.len() + waiting, waiting, "fanned out");
-    let started: Vec<_> = pending.into_iter().map(|due| start(ctx, due)).collect();
+    tracing::debug!(deliveries = created, waiting, "fanned out");
+    let mut started: Vec<_> = claimed.into_iter().map(|job| make(ctx, job)).collect();
+    started.extend(pending.into_iter().map(|due| start(ctx, due)));
+    // Acked once every attempt has its slots (its claim is committed already), so that the
+    // events in flight bound the attempts waiting in this dispatcher.
     tokio::select! {
         _ = futures::future::join_all(started) => Outcome::Done,
-        // Redelivered later: its deliveries not yet attempted are attempted then.
+        // Redelivered later: its deliveries not yet attempted are attempted then, and those
+        // claimed but not made are recorded as interrupted once their lease ends.
         _ = ctx.cancel.cancelled() => Outcome::Requeue,
     }
+}
+
+/// Makes a first attempt claimed by the fan-out, in this dispatcher; the receiver resolves once
+/// it has its slots.
+fn make(ctx: &Arc<Context>, job: Job) -> oneshot::Receiver<()> {
+    let (started, receiver) = oneshot::channel();
+    let ctx = ctx.clone();
+    ctx.tasks.clone().spawn(async move {
+        crate::deliver::make_claimed(&ctx, job, Some(started)).await;
+    });
+    receiver
 }
 
 /// Starts the next automatic attempt of `due` in this dispatcher; the receiver resolves once

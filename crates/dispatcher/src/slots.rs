@@ -1,12 +1,12 @@
 //! Per-webhook limit on requests in flight (`TOCSIN_WEBHOOK_CONCURRENCY`), so that one slow or
 //! hanging target cannot take every attempt a dispatcher may make at once.
 //!
-//! An attempt takes one of its webhook's slots before it is claimed. When none is free, it waits
-//! up to [`SLOT_WAIT`] for one, but only while the webhook is answering (one of its requests
-//! finished within the last [`SLOT_WAIT`]) and fewer attempts than the limit already wait:
-//! deliveries arrive in bursts, and a quick target frees slots within milliseconds. Otherwise
-//! the webhook is busy and the delivery is `waiting` in the delivery log until a slot is free
-//! (`crate::waiting`).
+//! An attempt takes one of its webhook's slots before it is claimed. When none is free, it
+//! waits for one, in turn, for as long as the webhook is answering (one of its requests
+//! finished within the last [`SLOT_WAIT`]): deliveries arrive in bursts, and a target that
+//! answers frees slots within milliseconds. A webhook at its limit that is not answering is
+//! busy: its delivery is `waiting` in the delivery log until a slot is free (`crate::waiting`),
+//! and an attempt waiting here gives up as soon as the webhook stops answering.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,7 +16,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-/// The longest an attempt waits for a slot of a webhook that is answering.
+/// A webhook at its limit none of whose requests finished for this long is busy.
 pub(crate) const SLOT_WAIT: Duration = Duration::from_millis(250);
 
 /// Requests in flight per webhook, up to a limit.
@@ -29,10 +29,14 @@ pub(crate) struct WebhookSlots {
 #[derive(Debug)]
 struct Entry {
     slots: Arc<Semaphore>,
-    /// Attempts waiting for a slot.
-    waiters: usize,
     /// When a request to the webhook last finished.
     last_freed: Option<Instant>,
+}
+
+impl Entry {
+    fn answering(&self) -> bool {
+        self.last_freed.is_some_and(|at| at.elapsed() < SLOT_WAIT)
+    }
 }
 
 /// One request's place; frees it when dropped.
@@ -51,20 +55,6 @@ impl Drop for Slot {
     }
 }
 
-/// Counts a waiter while it waits, however the wait ends.
-struct Waiter<'a> {
-    slots: &'a WebhookSlots,
-    webhook: Uuid,
-}
-
-impl Drop for Waiter<'_> {
-    fn drop(&mut self) {
-        if let Some(entry) = self.slots.lock().get_mut(&self.webhook) {
-            entry.waiters -= 1;
-        }
-    }
-}
-
 impl WebhookSlots {
     pub fn new(limit: usize) -> Arc<Self> {
         Arc::new(WebhookSlots {
@@ -77,34 +67,38 @@ impl WebhookSlots {
         self.webhooks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A slot of `webhook`, at once or after a short wait (see the module's doc); `None` when
-    /// the webhook is busy.
+    /// A slot of `webhook`, at once or in turn while the webhook answers (see the module's
+    /// doc); `None` when the webhook is busy.
     pub async fn take(self: &Arc<Self>, webhook: Uuid) -> Option<Slot> {
         let slots = {
             let mut webhooks = self.lock();
             let entry = webhooks.entry(webhook).or_insert_with(|| Entry {
                 slots: Arc::new(Semaphore::new(self.limit)),
-                waiters: 0,
                 last_freed: None,
             });
             if let Ok(permit) = entry.slots.clone().try_acquire_owned() {
                 return Some(self.slot(permit, webhook));
             }
-            let answering = entry.last_freed.is_some_and(|at| at.elapsed() < SLOT_WAIT);
-            if !answering || entry.waiters >= self.limit {
+            if !entry.answering() {
                 return None;
             }
-            entry.waiters += 1;
             entry.slots.clone()
         };
-        let _waiter = Waiter {
-            slots: self,
-            webhook,
-        };
-        match tokio::time::timeout(SLOT_WAIT, slots.acquire_owned()).await {
-            Ok(Ok(permit)) => Some(self.slot(permit, webhook)),
-            _ => None,
+        // One acquire, so that the attempt keeps its turn while it waits.
+        let acquire = slots.acquire_owned();
+        tokio::pin!(acquire);
+        loop {
+            match tokio::time::timeout(SLOT_WAIT, &mut acquire).await {
+                Ok(Ok(permit)) => return Some(self.slot(permit, webhook)),
+                Ok(Err(_closed)) => return None,
+                Err(_) if !self.answering(webhook) => return None,
+                Err(_) => {}
+            }
         }
+    }
+
+    fn answering(&self, webhook: Uuid) -> bool {
+        self.lock().get(&webhook).is_some_and(Entry::answering)
     }
 
     fn slot(self: &Arc<Self>, permit: OwnedSemaphorePermit, webhook: Uuid) -> Slot {
@@ -115,11 +109,11 @@ impl WebhookSlots {
         }
     }
 
-    /// Webhooks with no free slot now.
+    /// Webhooks busy now: no free slot, and not answering.
     pub fn busy(&self) -> Vec<Uuid> {
         self.lock()
             .iter()
-            .filter(|(_, entry)| entry.slots.available_permits() == 0)
+            .filter(|(_, entry)| entry.slots.available_permits() == 0 && !entry.answering())
             .map(|(id, _)| *id)
             .collect()
     }
@@ -148,7 +142,7 @@ mod tests {
         let slots = WebhookSlots::new(2);
         let webhook = Uuid::now_v7();
         let first = slots.take(webhook).await.expect("a free slot");
-        let _second = slots.take(webhook).await.expect("a free slot");
+        let second = slots.take(webhook).await.expect("a free slot");
         assert_eq!(slots.busy(), vec![webhook]);
         assert_eq!(slots.room(), vec![(webhook, 0)]);
         // Nothing has finished yet: not answering, so no wait.
@@ -156,32 +150,59 @@ mod tests {
         drop(first);
         assert_eq!(slots.room(), vec![(webhook, 1)]);
         let _third = slots.take(webhook).await.expect("the freed slot");
-        // It has answered just now: an attempt waits for the next slot, and gets it when one
-        // is freed within the wait.
+        assert!(slots.busy().is_empty(), "it has just answered");
+        // An attempt now waits for the next slot, and gets it when one is freed.
         let waiting = {
             let slots = slots.clone();
             tokio::spawn(async move { slots.take(webhook).await.is_some() })
         };
         tokio::task::yield_now().await;
-        drop(_second);
+        drop(second);
         assert!(waiting.await.unwrap());
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_wait_ends_after_slot_wait_and_waiters_are_capped() {
+    async fn a_wait_ends_once_the_webhook_stops_answering() {
         let slots = WebhookSlots::new(1);
         let webhook = Uuid::now_v7();
         drop(slots.take(webhook).await.expect("a free slot"));
         let _held = slots.take(webhook).await.expect("a free slot");
-        let first = {
+        let waiter = {
             let slots = slots.clone();
             tokio::spawn(async move { slots.take(webhook).await.is_some() })
         };
-        tokio::task::yield_now().await;
-        // One waiter already: the limit of waiters is reached.
-        assert!(slots.take(webhook).await.is_none());
-        assert!(!first.await.unwrap(), "the wait ends without a slot");
+        // Nothing finishes: SLOT_WAIT after the last answer, the waiter gives up, and the
+        // webhook is busy.
+        assert!(!waiter.await.unwrap(), "the wait ends without a slot");
+        assert_eq!(slots.busy(), vec![webhook]);
+        assert!(slots.take(webhook).await.is_none(), "busy: no wait");
         let other = Uuid::now_v7();
         assert!(slots.take(other).await.is_some(), "other webhooks are free");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn while_the_webhook_answers_a_waiter_waits_past_slot_wait() {
+        let slots = WebhookSlots::new(2);
+        let webhook = Uuid::now_v7();
+        let mut held = slots.take(webhook).await.expect("a free slot");
+        let _other = slots.take(webhook).await.expect("a free slot");
+        drop(slots.take(webhook).await); // none free and never answered: busy
+                                         // The webhook answers every 200 ms for a second: a slot is freed and taken again at
+                                         // once by the one ahead, so the waiter waits longer than SLOT_WAIT...
+        drop(held);
+        held = slots.take(webhook).await.expect("the slot just freed");
+        let waiter = {
+            let slots = slots.clone();
+            tokio::spawn(async move { slots.take(webhook).await.is_some() })
+        };
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if let Some(entry) = slots.lock().get_mut(&webhook) {
+                entry.last_freed = Some(Instant::now());
+            }
+        }
+        // ...and gets its turn once one is free.
+        drop(held);
+        assert!(waiter.await.unwrap(), "the waiter got a slot");
     }
 }

@@ -10,7 +10,9 @@ use diesel_async::AsyncPgConnection;
 use futures::future::BoxFuture;
 use prometheus::Registry;
 use tocsin_domain::amqp::{run_consumer, ConsumerOptions};
-use tocsin_domain::db::deliveries::{self, Claim, ClaimRules, FanOut, FannedOut, WaitReason};
+use tocsin_domain::db::deliveries::{
+    self, Claim, ClaimRules, FanOut, FanOutRules, FannedOut, WaitReason,
+};
 use tocsin_domain::db::{self, DbError};
 use tocsin_web::{Background, HttpMetrics, Readiness, Service};
 use tokio::sync::Semaphore;
@@ -220,6 +222,10 @@ fn fan_out_batch<'a>(
         let events: Vec<FanOut> = items.iter().map(|(event, _)| event.clone()).collect();
         // The latest view of the busy webhooks among the batch's callers.
         let busy = items.last().map(|(_, busy)| busy.clone());
-        deliveries::fan_out(conn, &events, busy.as_deref().unwrap_or_default()).await
+        let rules = FanOutRules {
+            claim: true,
+            lease_margin: LEASE_MARGIN,
+        };
+        deliveries::fan_out(conn, &events, busy.as_deref().unwrap_or_default(), rules).await
     })
 }

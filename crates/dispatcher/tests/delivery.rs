@@ -983,7 +983,11 @@ async fn metrics_show_queue_depths_and_the_unfinished_backlog() {
             },
         )
         .collect();
-    tocsin_domain::db::deliveries::fan_out(&mut conn, &fan_outs, &[])
+    let rules = tocsin_domain::db::deliveries::FanOutRules {
+        claim: false,
+        lease_margin: Duration::from_secs(5),
+    };
+    tocsin_domain::db::deliveries::fan_out(&mut conn, &fan_outs, &[], rules)
         .await
         .unwrap();
     diesel_async::RunQueryDsl::execute(

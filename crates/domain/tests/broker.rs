@@ -19,9 +19,9 @@ use tocsin_domain::amqp::{
     self, header_int, header_str, run_consumer, Broker, ConsumerOptions, Outgoing,
 };
 use tocsin_domain::config::CommonConfig;
+use tocsin_domain::db::deliveries;
 use tocsin_domain::db::outbox::{self, NewEvent};
 use tocsin_domain::db::webhooks::{self, NewWebhook};
-use tocsin_domain::db::{deliveries, incidents};
 use tocsin_domain::relay::OutboxRelay;
 use tocsin_domain::{
     EventKind, IncidentTitle, RetrySchedule, RetrySettings, Severity, TargetUrl, WebhookName,

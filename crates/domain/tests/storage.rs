@@ -13,7 +13,7 @@ use tocsin_domain::alerts::{AlertAction, AlertSignal};
 use tocsin_domain::amqp::messages::EventMessage;
 use tocsin_domain::db::deliveries::{
     self, AttemptResult, Claim, ClaimRules, Completed, Completion, Delivery, DeliveryState, Due,
-    FanOut, FannedOut, Job,
+    FanOut, FanOutRules, FannedOut, Job,
 };
 use tocsin_domain::db::incidents::{self, Change};
 use tocsin_domain::db::outbox::{self, NewEvent};
@@ -634,7 +634,7 @@ async fn fan_out_delivers_to_enabled_undeleted_subscribed_webhooks_once() {
         fan_out_request(&b, false),
     ];
     let before = OffsetDateTime::now_utc();
-    let fanned = deliveries::fan_out(&mut conn, &requests, &[])
+    let fanned = deliveries::fan_out(&mut conn, &requests, &[], PENDING)
         .await
         .unwrap();
     assert_eq!(fanned.len(), 3, "an answer per request");
@@ -672,17 +672,13 @@ async fn fan_out_delivers_to_enabled_undeleted_subscribed_webhooks_once() {
         let due_at = delivery.next_attempt_at.unwrap();
         assert_between(due_at, before, OffsetDateTime::now_utc(), "due now");
     }
-    assert_eq!(
-        fanned[2],
-        FannedOut::default(),
-        "the second copy creates none"
-    );
+    assert!(nothing(&fanned[2]), "the second copy creates none");
     assert_eq!(db.count("deliveries").await, 2);
 
-    let again = deliveries::fan_out(&mut conn, &requests[..2], &[])
+    let again = deliveries::fan_out(&mut conn, &requests[..2], &[], PENDING)
         .await
         .unwrap();
-    assert_eq!(again, vec![FannedOut::default(); 2], "idempotent");
+    assert!(again.iter().all(nothing), "idempotent");
     assert_eq!(db.count("deliveries").await, 2);
 
     // An event nobody subscribes to makes no delivery; resolving makes one to `resolved`.
@@ -699,10 +695,10 @@ async fn fan_out_delivers_to_enabled_undeleted_subscribed_webhooks_once() {
         .iter()
         .map(|e| fan_out_request(e, false))
         .collect();
-    let fanned = deliveries::fan_out(&mut conn, &requests, &[])
+    let fanned = deliveries::fan_out(&mut conn, &requests, &[], PENDING)
         .await
         .unwrap();
-    assert_eq!(fanned[0], FannedOut::default(), "status_changed: nobody");
+    assert!(nothing(&fanned[0]), "status_changed: nobody");
     assert_eq!(fanned[1].pending.len(), 1);
     assert_eq!(fanned[1].pending[0].webhook_id, resolved.id);
     assert_eq!(
@@ -713,6 +709,78 @@ async fn fan_out_delivers_to_enabled_undeleted_subscribed_webhooks_once() {
         .await,
         0
     );
+}
+
+/// With claims asked for (as a dispatcher fans out), each delivery not `waiting` starts with
+/// its first attempt claimed in the fan-out's own statement: counted, leased, logged with no
+/// outcome yet, and handed back ready to make. A busy webhook's delivery starts `waiting`. A
+/// redelivered event claims nothing twice.
+#[tokio::test]
+async fn a_fan_out_claims_the_first_attempts_of_the_deliveries_it_creates() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool().get().await.unwrap();
+    let free = webhook(&mut conn, "free", &[EventKind::IncidentOpened], 5).await;
+    let busy = webhook(&mut conn, "busy", &[EventKind::IncidentOpened], 5).await;
+    let event = open(&mut conn, "claimed").await;
+    let rules = FanOutRules {
+        claim: true,
+        lease_margin: Duration::from_secs(5),
+    };
+    let fanned = deliveries::fan_out(
+        &mut conn,
+        &[fan_out_request(&event, false)],
+        &[busy.id],
+        rules,
+    )
+    .await
+    .unwrap()
+    .pop()
+    .unwrap();
+    assert_eq!(fanned.waiting, 1);
+    assert!(fanned.pending.is_empty());
+    assert_eq!(fanned.claimed.len(), 1);
+    let job = &fanned.claimed[0];
+    assert_eq!(
+        (
+            job.webhook.id,
+            job.number,
+            job.trigger,
+            job.delivery.auto_attempts,
+            job.delivery.attempt_count,
+            job.delivery.state,
+        ),
+        (free.id, 1, Trigger::Automatic, 1, 1, DeliveryState::Pending)
+    );
+    assert_eq!(job.body, event.body);
+    let attempts = deliveries::get_detail(&mut conn, job.delivery.id)
+        .await
+        .unwrap()
+        .attempts;
+    assert_eq!(attempts.len(), 1);
+    assert_eq!((attempts[0].number, attempts[0].success), (1, None));
+    assert_eq!(
+        db.count(&format!(
+            "deliveries WHERE id = '{}' AND attempting_until > now()",
+            job.delivery.id
+        ))
+        .await,
+        1,
+        "leased"
+    );
+    let claim = Claim {
+        delivery_id: job.delivery.id,
+        trigger: Trigger::Automatic,
+        expected_auto_attempts: 0,
+    };
+    let again = deliveries::claim(&mut conn, &[claim], claim_rules())
+        .await
+        .unwrap();
+    assert!(again[0].is_none(), "the first attempt is claimed once");
+    let refanned = deliveries::fan_out(&mut conn, &[fan_out_request(&event, true)], &[], rules)
+        .await
+        .unwrap();
+    assert!(refanned.iter().all(nothing), "nothing claimed twice");
+    assert_eq!(db.count("attempts").await, 1);
 }
 
 /// A delivery to a webhook the fanning dispatcher has no room for starts `waiting`, with its
@@ -763,7 +831,7 @@ async fn a_redelivered_event_returns_its_deliveries_still_without_an_attempt() {
         .await
         .expect("the first attempt is claimed");
 
-    let again = deliveries::fan_out(&mut conn, &[fan_out_request(&event, true)], &[])
+    let again = deliveries::fan_out(&mut conn, &[fan_out_request(&event, true)], &[], PENDING)
         .await
         .unwrap();
     let untouched_due = *first
@@ -771,17 +839,14 @@ async fn a_redelivered_event_returns_its_deliveries_still_without_an_attempt() {
         .iter()
         .find(|d| d.webhook_id == untouched.id)
         .unwrap();
-    assert_eq!(
-        again,
-        [FannedOut {
-            pending: vec![untouched_due],
-            waiting: 0
-        }]
-    );
-    let fresh = deliveries::fan_out(&mut conn, &[fan_out_request(&event, false)], &[])
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].pending, [untouched_due]);
+    assert!(again[0].claimed.is_empty());
+    assert_eq!(again[0].waiting, 0);
+    let fresh = deliveries::fan_out(&mut conn, &[fan_out_request(&event, false)], &[], PENDING)
         .await
         .unwrap();
-    assert_eq!(fresh, [FannedOut::default()]);
+    assert!(fresh.iter().all(nothing));
     assert_eq!(db.count("deliveries").await, 3);
 }
 
@@ -809,7 +874,7 @@ async fn a_test_event_reaches_only_its_webhook() {
     let gone = webhook_for_every_event(&mut conn, "gone").await;
     let late = record_test_event(&mut conn, gone.id).await;
     webhooks::delete(&mut conn, gone.id).await.unwrap();
-    assert_eq!(fan_out(&mut conn, &late, &[]).await, FannedOut::default());
+    assert!(nothing(&fan_out(&mut conn, &late, &[]).await));
     assert_eq!(db.count("deliveries").await, 1);
 }
 
@@ -2267,6 +2332,17 @@ async fn record_test_event(conn: &mut AsyncPgConnection, webhook_id: Uuid) -> Ne
     event
 }
 
+/// Fan-out rules that leave new deliveries `pending` (no first attempt claimed with them).
+const PENDING: FanOutRules = FanOutRules {
+    claim: false,
+    lease_margin: Duration::from_secs(5),
+};
+
+/// Whether a fan-out made nothing.
+fn nothing(fanned: &FannedOut) -> bool {
+    fanned.claimed.is_empty() && fanned.pending.is_empty() && fanned.waiting == 0
+}
+
 fn fan_out_request(event: &NewEvent, redelivered: bool) -> FanOut {
     FanOut {
         event_id: event.id,
@@ -2279,7 +2355,7 @@ fn fan_out_request(event: &NewEvent, redelivered: bool) -> FanOut {
 
 /// Fans out one event, as a dispatcher with no room for the webhooks in `busy` does.
 async fn fan_out(conn: &mut AsyncPgConnection, event: &NewEvent, busy: &[Uuid]) -> FannedOut {
-    deliveries::fan_out(conn, &[fan_out_request(event, false)], busy)
+    deliveries::fan_out(conn, &[fan_out_request(event, false)], busy, PENDING)
         .await
         .unwrap()
         .pop()

@@ -28,6 +28,10 @@ pub async fn create_delivery(
             redelivered: false,
         }],
         &[],
+        deliveries::FanOutRules {
+            claim: false,
+            lease_margin: std::time::Duration::from_secs(5),
+        },
     )
     .await
     .expect("fan-out");

@@ -15,7 +15,7 @@ use tocsin_domain::db::deliveries::{
     self, Delivery, DeliveryDetail, DeliveryFilter, DeliveryState,
 };
 use tocsin_domain::db::webhooks::{self, NewWebhook, Webhook};
-use tocsin_domain::db::{incidents, outbox, Page};
+use tocsin_domain::db::{outbox, Page};
 use tocsin_domain::relay::OutboxRelay;
 use tocsin_domain::{EventKind, IncidentTitle, RetrySettings, Severity, TargetUrl, WebhookName};
 use tocsin_testkit::{amqp_url, wait_for, wait_until, TestDb, TestPrefix};

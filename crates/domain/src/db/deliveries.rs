@@ -122,13 +122,24 @@ pub struct Due {
 }
 
 /// What fanning out one event made.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct FannedOut {
-    /// Deliveries created `pending` (or, for a redelivered event, still waiting for their first
-    /// attempt): the caller makes their first attempts.
+    /// First attempts claimed with the deliveries: the caller makes them.
+    pub claimed: Vec<Job>,
+    /// Deliveries created `pending` (the caller did not ask for claims), or, for a redelivered
+    /// event, still waiting for their first attempt: the caller claims and makes them.
     pub pending: Vec<Due>,
     /// Deliveries created `waiting`: their webhooks had no room in the caller.
     pub waiting: usize,
+}
+
+/// How a fan-out starts the deliveries it creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FanOutRules {
+    /// Whether the first attempt of each delivery not `waiting` is claimed with it.
+    pub claim: bool,
+    /// How much longer than its webhook's timeout a claimed attempt's lease lasts.
+    pub lease_margin: Duration,
 }
 
 #[derive(QueryableByName)]
@@ -141,15 +152,19 @@ struct CreatedRow {
     webhook_id: Uuid,
     #[diesel(sql_type = Text)]
     state: String,
+    #[diesel(sql_type = Int4)]
+    attempt_count: i32,
 }
 
 /// Fans out several events with one statement (the dispatcher gathers the events it receives
-/// concurrently); deliveries to the webhooks in `busy` start `waiting`. An event given twice is
+/// concurrently; see `sql/fan_out.sql`): deliveries to the webhooks in `busy` start `waiting`,
+/// the others with their first attempt claimed when `rules` say so. An event given twice is
 /// fanned out once.
 pub async fn fan_out(
     conn: &mut AsyncPgConnection,
     events: &[FanOut],
     busy: &[Uuid],
+    rules: FanOutRules,
 ) -> Result<Vec<FannedOut>, DbError> {
     let mut first_copy: HashMap<Uuid, usize> = HashMap::new();
     for (index, event) in events.iter().enumerate() {
@@ -171,15 +186,25 @@ pub async fn fan_out(
         .bind::<Array<SqlUuid>, _>(&incidents)
         .bind::<Array<Nullable<SqlUuid>>, _>(&tests)
         .bind::<Array<SqlUuid>, _>(busy)
+        .bind::<Bool, _>(rules.claim)
+        .bind::<BigInt, _>(millis(rules.lease_margin))
         .load(conn)
         .await?;
     let mut results = vec![FannedOut::default(); events.len()];
+    let claimed: Vec<(Uuid, i32, Trigger)> = created
+        .iter()
+        .filter(|row| row.attempt_count == 1)
+        .map(|row| (row.id, 1, Trigger::Automatic))
+        .collect();
+    let mut jobs = load_jobs(conn, &claimed).await?;
     for row in created {
         let Some(&index) = first_copy.get(&row.event_id) else {
             continue;
         };
         if row.state == DeliveryState::Waiting.as_str() {
             results[index].waiting += 1;
+        } else if let Some(job) = jobs.remove(&row.id) {
+            results[index].claimed.push(job);
         } else {
             results[index].pending.push(Due {
                 delivery_id: row.id,
@@ -308,11 +333,30 @@ async fn claim_round(
         .bind::<BigInt, _>(millis(rules.early))
         .load(conn)
         .await?;
+    let claimed: Vec<(Uuid, i32, Trigger)> = round
+        .iter()
+        .filter_map(|claim| {
+            let row = claimed.iter().find(|row| row.id == claim.delivery_id)?;
+            Some((row.id, row.number, claim.trigger))
+        })
+        .collect();
+    let mut jobs = load_jobs(conn, &claimed).await?;
+    Ok(round
+        .iter()
+        .map(|claim| jobs.remove(&claim.delivery_id))
+        .collect())
+}
+
+/// Loads what making each claimed attempt (delivery id, attempt number, trigger) needs, in one
+/// query.
+async fn load_jobs(
+    conn: &mut AsyncPgConnection,
+    claimed: &[(Uuid, i32, Trigger)],
+) -> Result<HashMap<Uuid, Job>, DbError> {
     if claimed.is_empty() {
-        return Ok(vec![None; round.len()]);
+        return Ok(HashMap::new());
     }
-    let numbers: HashMap<Uuid, i32> = claimed.iter().map(|row| (row.id, row.number)).collect();
-    let claimed_ids: Vec<Uuid> = claimed.iter().map(|row| row.id).collect();
+    let ids: Vec<Uuid> = claimed.iter().map(|(id, _, _)| *id).collect();
     let rows: Vec<(
         DeliveryRow,
         WebhookRow,
@@ -322,7 +366,7 @@ async fn claim_round(
     )> = deliveries::table
         .inner_join(webhooks::table)
         .inner_join(events::table)
-        .filter(deliveries::id.eq_any(&claimed_ids))
+        .filter(deliveries::id.eq_any(&ids))
         .select((
             DeliveryRow::as_select(),
             WebhookRow::as_select(),
@@ -332,10 +376,11 @@ async fn claim_round(
         ))
         .load(conn)
         .await?;
-    let mut jobs: HashMap<Uuid, Job> = HashMap::with_capacity(rows.len());
+    let mut jobs = HashMap::with_capacity(rows.len());
     for (delivery, webhook, body, occurred_at, test_webhook_id) in rows {
         let delivery: Delivery = delivery.try_into()?;
-        let Some(&number) = numbers.get(&delivery.id) else {
+        let Some(&(_, number, trigger)) = claimed.iter().find(|(id, _, _)| *id == delivery.id)
+        else {
             continue;
         };
         jobs.insert(
@@ -344,22 +389,14 @@ async fn claim_round(
                 delivery,
                 webhook: webhook.try_into()?,
                 number,
-                trigger: Trigger::Automatic,
+                trigger,
                 body,
                 occurred_at,
                 test: test_webhook_id.is_some(),
             },
         );
     }
-    Ok(round
-        .iter()
-        .map(|claim| {
-            jobs.remove(&claim.delivery_id).map(|mut job| {
-                job.trigger = claim.trigger;
-                job
-            })
-        })
-        .collect())
+    Ok(jobs)
 }
 
 /// What an attempt's request brought back, or why it has none.
