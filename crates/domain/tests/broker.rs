@@ -453,6 +453,49 @@ async fn a_consumer_keeps_working_after_losing_its_connection() {
 }
 
 #[tokio::test]
+async fn a_broker_list_skips_unreachable_addresses_and_moves_on_when_a_connection_drops() {
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    let (one, two) = (
+        TcpProxy::start("127.0.0.1:5672").await,
+        TcpProxy::start("127.0.0.1:5672").await,
+    );
+    let mut config = config(&db, &prefix, "0s");
+    config.amqp_url = format!(
+        "amqp://guest:secret-never-printed@127.0.0.1:1/%2f, amqp://guest:guest@127.0.0.1:{}/%2f,amqp://guest:guest@127.0.0.1:{}/%2f",
+        one.port(),
+        two.port()
+    );
+    let broker = config.broker("list");
+    assert!(!format!("{broker:?}").contains("secret-never-printed"));
+    broker.check().await.expect("the second address answers");
+    // The node it uses goes away: the next call connects to another address of the list.
+    one.cut();
+    wait_until(
+        "the broker reconnects through the third address",
+        RECOVERY_DEADLINE,
+        || {
+            let broker = broker.clone();
+            async move { broker.check().await.is_ok() }
+        },
+    )
+    .await;
+    // And round again, past the first (still unreachable) address.
+    one.restore();
+    two.cut();
+    wait_until(
+        "the broker reconnects through the second address",
+        RECOVERY_DEADLINE,
+        || {
+            let broker = broker.clone();
+            async move { broker.check().await.is_ok() }
+        },
+    )
+    .await;
+    broker.close().await;
+}
+
+#[tokio::test]
 async fn publishing_to_an_unreachable_broker_fails_quickly() {
     let db = TestDb::new().await;
     let prefix = TestPrefix::new();
