@@ -194,6 +194,36 @@ pub enum Command {
     Deliveries(DeliveriesArgs),
     /// Delete finished deliveries, their attempts and events older than the retention, now.
     Prune(PruneArgs),
+    /// The parking queue (messages that could not be processed): list them, or replay them.
+    Parked(ParkedArgs),
+}
+
+/// `tocsin-admin parked ...`.
+#[derive(Debug, clap::Args)]
+pub struct ParkedArgs {
+    #[command(flatten)]
+    pub common: CommonConfig,
+
+    #[command(subcommand)]
+    pub action: ParkedAction,
+}
+
+/// What to do with parked messages (queue `<TOCSIN_AMQP_PREFIX>.parking`).
+#[derive(Debug, clap::Subcommand)]
+pub enum ParkedAction {
+    /// List parked messages, oldest first, leaving them parked.
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Move parked events back to the fan-out and parked attempts back to the delivery queue
+    /// (fix what parked them first). Unreadable messages stay parked.
+    Replay {
+        /// At most this many.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
 }
 
 /// `tocsin-admin migrate`.

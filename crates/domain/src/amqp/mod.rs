@@ -8,6 +8,7 @@
 
 mod consumer;
 pub mod messages;
+pub mod parking;
 pub mod topology;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,6 +24,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer
 use tokio::sync::Mutex;
 
 pub use consumer::{run_consumer, ConsumerOptions};
+pub use parking::{Parked, ParkedBody, Replayed};
 pub use topology::{QueueType, Topology};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
