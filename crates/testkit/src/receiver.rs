@@ -28,6 +28,8 @@ pub enum Behavior {
     Close,
     /// Answers 302 to this location.
     Redirect(String),
+    /// Answers the status with a body of this many bytes (`x` repeated).
+    Body(u16, usize),
 }
 
 /// A request the receiver got.
@@ -188,7 +190,9 @@ async fn handle(
             .or_else(|| state.default.clone())
             .unwrap_or(Behavior::Status(200));
         let answered = match &behavior {
-            Behavior::Status(status) | Behavior::Delay(_, status) => Some(*status),
+            Behavior::Status(status) | Behavior::Delay(_, status) | Behavior::Body(status, _) => {
+                Some(*status)
+            }
             Behavior::Redirect(_) => Some(302),
             Behavior::Hang | Behavior::Close => None,
         };
@@ -219,6 +223,11 @@ async fn handle(
             Ok(respond(200))
         }
         Behavior::Close => Err(std::io::Error::other("closing the connection on purpose")),
+        Behavior::Body(status, size) => {
+            let mut response = respond(status);
+            *response.body_mut() = Full::new(Bytes::from(vec![b'x'; size]));
+            Ok(response)
+        }
         Behavior::Redirect(location) => {
             let mut response = respond(302);
             if let Ok(value) = hyper::header::HeaderValue::from_str(&location) {
