@@ -530,7 +530,7 @@ if defs is not None:
     for perm in defs.get("permissions", []):
         if perm["user"] not in users or perm["vhost"] not in vhosts:
             error(where, f"permission for unknown user or vhost: {perm}")
-    queues = ["tocsin.events.fanout", "tocsin.deliveries", "tocsin.parking", "tocsin.deferred",
+    queues = ["tocsin.events.fanout", "tocsin.deliveries", "tocsin.parking",
               "tocsin.retry.1m", "tocsin.retry.5m", "tocsin.retry.30m", "tocsin.retry.2h"]
     app = next((p for p in defs.get("permissions", []) if p["user"] == "tocsin"), None)
     if app is None:

@@ -183,7 +183,7 @@
     const trigger = attempt.dataset.trigger;
     const code = attempt.querySelector("[data-status-code]");
     const status = code ? code.textContent.trim() : "";
-    if (attempt.dataset.success === "true") {
+    if (attempt.dataset.result === "succeeded") {
       return "Attempt " + number + " (" + trigger + ") succeeded with HTTP " + status + ".";
     }
     return /^\d+$/.test(status)
@@ -205,6 +205,12 @@
       if (!response.ok) continue;
       const page = new DOMParser().parseFromString(await response.text(), "text/html");
       if (attemptCount(page) <= before) continue;
+      // Logged before its request goes out: wait for its answer.
+      const newest = page.querySelectorAll("#attempts [data-attempt]");
+      if (newest[newest.length - 1].dataset.result === "under-way") {
+        status.textContent = "Attempt " + newest[newest.length - 1].dataset.attempt + " is under way…";
+        continue;
+      }
       ["attempts", "delivery-summary"].forEach(function (id) {
         const fresh = page.getElementById(id);
         const current = document.getElementById(id);

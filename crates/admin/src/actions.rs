@@ -3,7 +3,7 @@
 //! one), the log lines and the relay wake-ups are the same for both.
 
 use time::OffsetDateTime;
-use tocsin_domain::db::deliveries::{self, Delivery};
+use tocsin_domain::db::deliveries::{self, Delivery, DeliveryState};
 use tocsin_domain::db::incidents::{self, Incident};
 use tocsin_domain::db::outbox::NewEvent;
 use tocsin_domain::db::webhooks::{self, NewWebhook, Webhook};
@@ -71,13 +71,18 @@ pub async fn send_test_event(state: &AdminState, id: Uuid) -> Result<NewEvent, A
     Ok(event)
 }
 
-/// Enqueues one immediate manual attempt of a delivery (409 when its webhook was deleted or
-/// is disabled).
+/// Enqueues one immediate manual attempt of a delivery (409 when it succeeded already, or its
+/// webhook was deleted or is disabled).
 pub async fn retry_delivery(state: &AdminState, id: Uuid) -> Result<Delivery, AdminError> {
     let mut conn = state.conn().await?;
     let delivery = deliveries::get(&mut conn, id)
         .await
         .or_not_found("delivery")?;
+    if delivery.state == DeliveryState::Succeeded {
+        return Err(AdminError::Conflict(
+            "the delivery succeeded already; nothing is retried".into(),
+        ));
+    }
     let webhook = webhooks::get_any(&mut conn, delivery.webhook_id).await?;
     ensure_deliverable(&webhook)?;
     store::enqueue_manual_attempts(&mut conn, &[delivery.id]).await?;

@@ -63,6 +63,7 @@ pub const INGEST_SCHEME: &str = "inbound_token";
         schema::IncidentStatus,
         schema::Severity,
         schema::DeliveryState,
+        schema::WaitReason,
         schema::AttemptTrigger,
         schema::AttemptError,
         AlertsAccepted,

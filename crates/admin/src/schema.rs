@@ -5,8 +5,8 @@
 use std::borrow::Cow;
 
 use serde_json::Value;
-use tocsin_domain::amqp::messages::Trigger;
 use tocsin_domain::db::deliveries::{AttemptError as DomainAttemptError, DeliveryState as State};
+use tocsin_domain::delivery::Trigger;
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::RefOr;
 
@@ -35,7 +35,7 @@ macro_rules! string_enum {
 }
 
 string_enum! {
-    /// An event kind (SPEC §6).
+    /// An event kind.
     EventKind => tocsin_domain::EventKind::ALL.map(|k| k.as_str())
 }
 
@@ -51,10 +51,17 @@ string_enum! {
 }
 
 string_enum! {
-    /// Where a delivery stands: `pending` (waiting for its first attempt), `retrying` (failed,
-    /// next automatic attempt at `next_attempt_at`), `succeeded`, `failed` (every allowed attempt
-    /// failed, or its webhook was disabled or deleted).
+    /// Where a delivery stands: `pending` (waiting for its first attempt), `waiting` (its next
+    /// attempt is due but its webhook has no room for it now: see `wait_reason`), `retrying`
+    /// (failed, next automatic attempt at `next_attempt_at`), `succeeded`, `failed` (every
+    /// allowed attempt failed, or its webhook was disabled or deleted).
     DeliveryState => State::ALL.map(State::as_str)
+}
+
+string_enum! {
+    /// Why a delivery is `waiting`: `webhook_busy` (the webhook has as many requests in flight
+    /// as a dispatcher allows one webhook; the attempt is made as soon as one finishes).
+    WaitReason => [tocsin_domain::delivery::WaitReason::WebhookBusy].map(|r| r.as_str())
 }
 
 string_enum! {
@@ -65,18 +72,9 @@ string_enum! {
 string_enum! {
     /// Why an attempt failed: no answer in time, connection refused or broken, name not
     /// resolved, TLS failure, target refused by the SSRF rules, a non-2xx status, a redirect
-    /// (never followed), or something else.
-    AttemptError => [
-        DomainAttemptError::Timeout,
-        DomainAttemptError::Connect,
-        DomainAttemptError::Dns,
-        DomainAttemptError::Tls,
-        DomainAttemptError::Blocked,
-        DomainAttemptError::HttpStatus,
-        DomainAttemptError::Redirect,
-        DomainAttemptError::Other,
-    ]
-    .map(DomainAttemptError::as_str)
+    /// (never followed), interrupted (the dispatcher making it stopped before recording the
+    /// answer), or something else.
+    AttemptError => DomainAttemptError::ALL.map(DomainAttemptError::as_str)
 }
 
 /// The error body of every refusal (`tocsin_web::ErrorBody`).

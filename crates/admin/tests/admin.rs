@@ -19,7 +19,7 @@ use tocsin_domain::amqp::messages::DeliveryMessage;
 use tocsin_domain::amqp::{self, Outgoing};
 use tocsin_domain::config::CommonConfig;
 use tocsin_domain::db::outbox::{self, NewEvent};
-use tocsin_domain::db::{deliveries, incidents, tokens};
+use tocsin_domain::db::tokens;
 use tocsin_domain::{
     AccessToken, EventKind, EventPayload, IncidentData, IncidentStatus, IncidentTitle, Severity,
 };
@@ -234,17 +234,10 @@ async fn seed_delivery(
     outbox::record_events(conn, std::slice::from_ref(&event), outbox::Wake::Listeners)
         .await
         .unwrap();
-    // The event's transaction gave every subscribed webhook a delivery: keep the one asked for.
-    diesel::sql_query("DELETE FROM deliveries WHERE event_id = $1 AND webhook_id <> $2")
-        .bind::<SqlUuid, _>(event.id)
-        .bind::<SqlUuid, _>(webhook_id)
-        .execute(conn)
-        .await
-        .unwrap();
-    let ids = deliveries::create_for_event(conn, event.id, kind, incident_id, &[webhook_id])
-        .await
-        .unwrap();
-    (ids[0], event)
+    let id =
+        tocsin_testkit::deliveries::create_delivery(conn, event.id, kind, incident_id, webhook_id)
+            .await;
+    (id, event)
 }
 
 /// Logs a failed automatic attempt of a delivery, as the dispatcher would.
@@ -915,25 +908,24 @@ async fn a_test_event_is_recorded_for_that_webhook_only_and_published() {
     assert_eq!(payload["data"]["status"], "triggered");
     assert_eq!(payload["data"]["id"], body["incident_id"]);
     assert_eq!(admin.count("incidents").await, 0, "no incident is stored");
-    assert_eq!(
-        admin
-            .count(&format!(
-                "deliveries WHERE event_id = '{event_id}' AND webhook_id = '{id}'"
-            ))
-            .await,
-        1,
-        "the test event's one delivery, to that webhook"
+    // The event is published for the dispatchers' fan-out, which gives it one delivery, to
+    // that webhook only.
+    let message = format!(
+        "outbox WHERE topic = 'event'
+            AND convert_from(payload, 'UTF8')::jsonb ->> 'event_id' = '{event_id}'
+            AND convert_from(payload, 'UTF8')::jsonb ->> 'test_webhook_id' = '{id}'"
     );
-    wait_until(
-        "the relay to publish its first attempt",
-        DEADLINE,
-        || async {
-            admin
-                .count("outbox WHERE topic = 'delivery' AND published_at IS NOT NULL")
-                .await
-                == 1
-        },
-    )
+    assert_eq!(
+        admin.count(&message).await,
+        1,
+        "the event's message names its webhook"
+    );
+    wait_until("the relay to publish the event", DEADLINE, || async {
+        admin
+            .count(&format!("{message} AND published_at IS NOT NULL"))
+            .await
+            == 1
+    })
     .await;
 
     let (status, _) = admin
@@ -994,6 +986,7 @@ async fn the_delivery_log_lists_filters_and_shows_attempts() {
             "event",
             "incident_id",
             "state",
+            "wait_reason",
             "attempt_count",
             "next_attempt_at",
             "created_at",
@@ -1114,7 +1107,7 @@ async fn a_manual_retry_enqueues_one_attempt_through_the_outbox() {
         Uuid::now_v7(),
     )
     .await;
-    deliveries::mark_failed(&mut conn, delivery).await.unwrap();
+    tocsin_testkit::deliveries::mark_failed(&mut conn, delivery).await;
 
     let (status, body) = admin
         .post_empty(&format!("/api/v1/deliveries/{delivery}/retry"))
@@ -1169,7 +1162,7 @@ async fn bulk_recovery_retries_the_failed_deliveries_since_a_time() {
             Uuid::now_v7(),
         )
         .await;
-        deliveries::mark_failed(&mut conn, id).await.unwrap();
+        tocsin_testkit::deliveries::mark_failed(&mut conn, id).await;
         failed.push(id);
     }
     let long_ago = OffsetDateTime::now_utc() - time::Duration::days(2);
@@ -1183,7 +1176,7 @@ async fn bulk_recovery_retries_the_failed_deliveries_since_a_time() {
     .await;
     let (elsewhere, _) =
         seed_delivery(&mut conn, other, EventKind::IncidentOpened, Uuid::now_v7()).await;
-    deliveries::mark_failed(&mut conn, elsewhere).await.unwrap();
+    tocsin_testkit::deliveries::mark_failed(&mut conn, elsewhere).await;
 
     let since = rfc3339(OffsetDateTime::now_utc() - time::Duration::days(1));
     let (status, body) = admin
@@ -1252,7 +1245,7 @@ async fn bulk_recovery_retries_the_failed_deliveries_since_a_time() {
 async fn incident_status_changes_follow_the_rules_and_emit_events() {
     let admin = TestAdmin::start().await;
     let mut conn = admin.conn().await;
-    let opened = incidents::apply_signals(
+    let opened = tocsin_testkit::apply_signals(
         &mut conn,
         &[signal("a"), signal("b")],
         outbox::Wake::Listeners,
@@ -1722,7 +1715,7 @@ async fn every_cli_subcommand_does_its_job() {
         Uuid::now_v7(),
     )
     .await;
-    deliveries::mark_failed(&mut conn, failed).await.unwrap();
+    tocsin_testkit::deliveries::mark_failed(&mut conn, failed).await;
     let (pending, _) = seed_delivery(
         &mut conn,
         webhook,
@@ -1831,6 +1824,7 @@ async fn every_cli_subcommand_does_its_job() {
     let broker = CommonConfig::new(&url, &amqp, &prefix).broker("test");
     let parked = DeliveryMessage {
         delivery_id: pending,
+        webhook_id: None,
     };
     for body in [parked.to_bytes(), b"garbage".to_vec()] {
         broker

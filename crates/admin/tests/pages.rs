@@ -12,10 +12,7 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 use tocsin_admin::Config;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
-use tocsin_domain::amqp::messages::Trigger;
 use tocsin_domain::config::CommonConfig;
-use tocsin_domain::db::deliveries::{self, DeliveryState, NewAttempt};
-use tocsin_domain::db::incidents;
 use tocsin_domain::db::outbox::{self, NewEvent};
 use tocsin_domain::{
     EventKind, EventPayload, IncidentData, IncidentStatus, IncidentTitle, Severity,
@@ -225,36 +222,24 @@ async fn seed_delivery(conn: &mut AsyncPgConnection, webhook_id: Uuid, success: 
     outbox::record_events(conn, std::slice::from_ref(&event), outbox::Wake::Listeners)
         .await
         .unwrap();
-    let id = deliveries::create_for_event(
+    let id = tocsin_testkit::deliveries::create_delivery(
         conn,
         event.id,
         EventKind::IncidentOpened,
         incident_id,
-        &[webhook_id],
+        webhook_id,
     )
-    .await
-    .unwrap()[0];
-    let attempt = NewAttempt {
-        trigger: Trigger::Automatic,
-        started_at: OffsetDateTime::now_utc(),
-        success,
-        status_code: Some(if success { 200 } else { 500 }),
-        duration_ms: 42,
-        error: None,
-        error_detail: None,
-        request_headers: json!({"webhook-id": id.to_string(), "content-type": "application/json"}),
-        response_body: Some("<b>answer</b>".into()),
-        response_truncated: false,
-    };
-    let state = if success {
-        DeliveryState::Succeeded
-    } else {
-        DeliveryState::Failed
-    };
-    deliveries::record_attempt(conn, id, Some(0), &attempt, state, None)
-        .await
-        .unwrap()
-        .expect("the attempt is recorded");
+    .await;
+    let status = if success { 200 } else { 500 };
+    let mut result = tocsin_testkit::deliveries::answered(status);
+    result.request_headers =
+        json!({"webhook-id": id.to_string(), "content-type": "application/json"});
+    result.response_body = Some("<b>answer</b>".into());
+    tocsin_testkit::deliveries::record_attempt(conn, id, result).await;
+    if !success {
+        // As if every attempt had failed.
+        tocsin_testkit::deliveries::mark_failed(conn, id).await;
+    }
     id
 }
 
@@ -268,7 +253,7 @@ async fn seed_incident(conn: &mut AsyncPgConnection) -> Uuid {
         source: Some("test".into()),
         reply_key: None,
     };
-    let outcomes = incidents::apply_signals(conn, &[signal], outbox::Wake::Listeners)
+    let outcomes = tocsin_testkit::apply_signals(conn, &[signal], outbox::Wake::Listeners)
         .await
         .unwrap();
     outcomes[0].incident.as_ref().unwrap().id

@@ -6,7 +6,7 @@
 //! | `TOCSIN_ALLOWED_TARGETS` | empty | CIDRs exempt from the SSRF rules, comma-separated |
 //! | `TOCSIN_DISPATCHER_CONCURRENCY` | `256` | attempts in flight at once (the delivery queue's prefetch) |
 //! | `TOCSIN_FANOUT_PREFETCH` | `64` | events fanned out at once |
-//! | `TOCSIN_WEBHOOK_CONCURRENCY` | `64` | requests in flight to one webhook; more wait in the deferral queue |
+//! | `TOCSIN_WEBHOOK_CONCURRENCY` | `64` | requests in flight to one webhook; its other deliveries are `waiting` until one finishes |
 //! | `TOCSIN_SWEEP_INTERVAL` | `30s` | how often the sweeper looks for overdue deliveries |
 //! | `TOCSIN_SWEEP_GRACE` | `2m` | how overdue a delivery must be before the sweeper re-enqueues it |
 //! | `TOCSIN_RESPONSE_BODY_LIMIT` | `65536` | bytes of a target's response body kept in the log |
@@ -47,7 +47,8 @@ pub struct Config {
     #[arg(long, env = "TOCSIN_DISPATCHER_CONCURRENCY", value_name = "TOCSIN_DISPATCHER_CONCURRENCY", default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..=10000))]
     pub concurrency: u16,
 
-    /// Requests in flight to one webhook at once; an attempt beyond waits in the deferral queue.
+    /// Requests in flight to one webhook at once; the webhook's other deliveries are `waiting`
+    /// in the delivery log until one finishes.
     #[arg(long, env = "TOCSIN_WEBHOOK_CONCURRENCY", value_name = "TOCSIN_WEBHOOK_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=10000))]
     pub webhook_concurrency: u16,
 

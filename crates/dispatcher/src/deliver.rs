@@ -1,7 +1,8 @@
-//! One attempt of one delivery: a signed `POST` of the event body (DESIGN §3), logged as an
-//! attempt row; the delivery's state moves, and a failed automatic attempt with attempts left is
-//! scheduled through the retry queue of the next delay. The message is acked only after the
-//! attempt row is committed and any retry message is confirmed.
+//! One attempt of one delivery, in four stages: take a slot of the webhook (or leave the
+//! delivery `waiting`), claim the attempt (logged before its request is sent, guarded so that
+//! no duplicate or late message sends twice), send the signed `POST`, and record its outcome
+//! with the transition the state machine gives; a failed automatic attempt with attempts left
+//! is scheduled through the retry queue of the next delay.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -10,20 +11,20 @@ use std::time::Instant;
 use lapin::message::Delivery;
 use serde_json::{Map, Value};
 use time::OffsetDateTime;
-use tocsin_domain::amqp::messages::{
-    DeliveryMessage, Trigger, ATTEMPT_HEADER, TRIGGER_HEADER, WEBHOOK_HEADER,
-};
+use tocsin_domain::amqp::messages::{DeliveryMessage, ATTEMPT_HEADER, TRIGGER_HEADER};
 use tocsin_domain::amqp::{header_int, header_str};
-use tocsin_domain::db::deliveries::{
-    next_state, AttemptError, AttemptRecord, DeliveryJob, DeliveryState, NewAttempt,
-};
-use tocsin_domain::db::{self, DbError};
+use tocsin_domain::db;
+use tocsin_domain::db::deliveries::{self, AttemptResult, Claim, Completion, Due, Job};
+use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger};
 use tocsin_domain::signing::{self, headers};
+use tokio::sync::oneshot;
 
-use crate::slots::SLOT_WAIT;
+use crate::context::{retry_db, Context, Outcome};
+use crate::slots::Slot;
 use crate::ssrf::{Blocked, DnsFailure};
-use crate::startup::{retry_db, Context, Outcome};
 
+/// Handles a message of the delivery queue: an automatic attempt (a retry, one the sweeper
+/// found overdue, one handed over by a stopping dispatcher) or a manual one.
 pub(crate) async fn handle_delivery(ctx: Arc<Context>, message: Delivery) {
     let trigger = header_str(&message.properties, TRIGGER_HEADER)
         .and_then(|t| Trigger::parse(&t))
@@ -31,156 +32,215 @@ pub(crate) async fn handle_delivery(ctx: Arc<Context>, message: Delivery) {
     let requested = header_int(&message.properties, ATTEMPT_HEADER)
         .and_then(|n| i32::try_from(n).ok())
         .unwrap_or(1);
-    // A webhook known to be slow gets its attempt deferred before anything is loaded for it.
-    let slow = header_str(&message.properties, WEBHOOK_HEADER)
-        .and_then(|id| id.parse().ok())
-        .filter(|webhook| ctx.slots.is_slow(*webhook));
-    let outcome = match (DeliveryMessage::from_bytes(&message.data), slow) {
-        (Ok(_), Some(webhook)) => {
-            ctx.note_slow(webhook);
-            Outcome::Defer
-        }
-        (Ok(parsed), None) => process(&ctx, parsed, trigger, requested).await,
-        (Err(error), _) => Outcome::Park(format!("unreadable delivery message: {error}")),
+    let outcome = match DeliveryMessage::from_bytes(&message.data) {
+        Ok(parsed) => match trigger {
+            Trigger::Manual => {
+                let claim = Claim {
+                    delivery_id: parsed.delivery_id,
+                    trigger,
+                    expected_auto_attempts: 0,
+                };
+                attempt(&ctx, claim, None, None).await
+            }
+            Trigger::Automatic => match due(&ctx, &parsed, requested).await {
+                Ok(due) => attempt_due(&ctx, due, None).await,
+                Err(outcome) => outcome,
+            },
+        },
+        Err(error) => Outcome::Park(format!("unreadable delivery message: {error}")),
     };
     ctx.finish(message, outcome, "deliveries").await;
 }
 
-async fn process(
-    ctx: &Context,
-    message: DeliveryMessage,
-    trigger: Trigger,
-    requested: i32,
-) -> Outcome {
-    let id = message.delivery_id;
-    let loaded = retry_db!(
-        ctx,
-        db::submit(&ctx.jobs, id)
-            .await
-            .and_then(|job| job.ok_or(DbError::NotFound))
-    );
-    let job = match loaded {
-        Ok(job) => job,
-        Err(Outcome::Park(reason)) => return Outcome::Park(format!("delivery {id}: {reason}")),
+/// The delivery a message asks automatic attempt `requested` of.
+async fn due(ctx: &Context, message: &DeliveryMessage, requested: i32) -> Result<Due, Outcome> {
+    let webhook_id = match message.webhook_id {
+        Some(webhook_id) => webhook_id,
+        None => {
+            let id = message.delivery_id;
+            let loaded = retry_db!(
+                ctx,
+                async {
+                    let mut conn = ctx.pool.get().await?;
+                    deliveries::get(&mut conn, id).await
+                }
+                .await
+            );
+            match loaded {
+                Ok(delivery) => delivery.webhook_id,
+                Err(Outcome::Park(reason)) => {
+                    return Err(Outcome::Park(format!("delivery {id}: {reason}")))
+                }
+                Err(outcome) => return Err(outcome),
+            }
+        }
+    };
+    Ok(Due {
+        delivery_id: message.delivery_id,
+        webhook_id,
+        auto_attempts: requested - 1,
+    })
+}
+
+/// Tells whoever waits for it that an attempt is claimed (or will not be).
+type Claimed = Option<oneshot::Sender<()>>;
+
+/// Makes the next automatic attempt of `due` if its webhook has room; otherwise the delivery
+/// is `waiting` until it has. `claimed` is told once the attempt is claimed or the delivery
+/// is waiting.
+pub(crate) async fn attempt_due(ctx: &Context, due: Due, claimed: Claimed) -> Outcome {
+    let Some(slot) = ctx.slots.take(due.webhook_id).await else {
+        let outcome = wait(ctx, due).await;
+        tell(claimed);
+        return outcome;
+    };
+    let claim = Claim {
+        delivery_id: due.delivery_id,
+        trigger: Trigger::Automatic,
+        expected_auto_attempts: due.auto_attempts,
+    };
+    attempt(ctx, claim, Some(slot), claimed).await
+}
+
+fn tell(claimed: Claimed) {
+    if let Some(claimed) = claimed {
+        let _ = claimed.send(());
+    }
+}
+
+#[tracing::instrument(skip_all, fields(delivery_id = %due.delivery_id, webhook_id = %due.webhook_id))]
+async fn wait(ctx: &Context, due: Due) -> Outcome {
+    match retry_db!(ctx, db::submit(&ctx.waits, due).await) {
+        Ok(true) => {
+            ctx.metrics.waited.inc();
+            tracing::debug!("webhook busy; delivery waiting");
+            Outcome::Done
+        }
+        // Moved on meanwhile (a duplicate message): nothing to wait for.
+        Ok(false) => Outcome::Done,
+        Err(outcome) => outcome,
+    }
+}
+
+/// Claims, makes and records one attempt. A manual attempt takes no slot of its webhook: an
+/// operator asked for it now.
+#[tracing::instrument(skip_all, fields(delivery_id = %claim.delivery_id, trigger = claim.trigger.as_str(), attempt))]
+async fn attempt(ctx: &Context, claim: Claim, slot: Option<Slot>, claimed: Claimed) -> Outcome {
+    let Ok(_request) = ctx.requests.acquire().await else {
+        return Outcome::Requeue;
+    };
+    let job = retry_db!(ctx, db::submit(&ctx.claims, claim).await);
+    tell(claimed);
+    let job = match job {
+        Ok(Some(job)) => job,
+        Ok(None) => return refused(ctx, claim).await,
+        Err(Outcome::Park(reason)) => {
+            return Outcome::Park(format!("delivery {}: {reason}", claim.delivery_id))
+        }
         Err(outcome) => return outcome,
     };
-    let delivery = &job.delivery;
-    if trigger == Trigger::Automatic {
-        if delivery.state.is_finished() {
-            return Outcome::Done;
-        }
-        if delivery.auto_attempts >= requested {
-            // This attempt was made already (the message is a redelivery after a crash, or a
-            // sweeper duplicate): make sure its follow-up is scheduled, and stop there.
-            if delivery.state == DeliveryState::Retrying && delivery.auto_attempts == requested {
-                return schedule_retry(ctx, &job, requested + 1).await;
-            }
-            return Outcome::Done;
-        }
-    }
-    if job.webhook.is_deleted() || !job.webhook.enabled {
-        tracing::info!(delivery_id = %id, webhook_id = %job.webhook.id, "webhook deleted or disabled; delivery stopped");
-        return match retry_db!(ctx, db::submit(&ctx.stopped, id).await) {
-            Ok(()) => Outcome::Done,
-            Err(outcome) => outcome,
-        };
-    }
-
-    let Some(slot) = ctx.slots.take(job.webhook.id, SLOT_WAIT).await else {
-        if ctx.slots.should_hold(job.webhook.id) {
-            ctx.note_slow(job.webhook.id);
-        }
-        tracing::debug!(delivery_id = %id, webhook_id = %job.webhook.id, "webhook at its in-flight limit; attempt deferred");
-        return Outcome::Defer;
-    };
-    let auto_after = delivery.auto_attempts + i32::from(trigger == Trigger::Automatic);
-    let first = delivery.attempt_count == 0;
+    tracing::Span::current().record("attempt", job.number);
     ctx.metrics.in_flight.inc();
-    let attempt = attempt(ctx, &job, trigger, delivery.attempt_count + 1).await;
+    let started = OffsetDateTime::now_utc();
+    let result = send(ctx, &job, started).await;
     ctx.metrics.in_flight.dec();
     drop(slot);
-    if first {
-        let lag = (attempt.started_at - job.occurred_at)
-            .as_seconds_f64()
-            .max(0.0);
-        ctx.metrics.lag.observe(lag);
-    }
-    let outcome_label = if attempt.success {
-        "success"
-    } else {
-        "failure"
-    };
-    ctx.metrics
-        .attempts
-        .with_label_values(&[
-            outcome_label,
-            attempt.error.map_or("none", AttemptError::as_str),
-            trigger.as_str(),
-        ])
-        .inc();
-    ctx.metrics
-        .attempt_duration
-        .with_label_values(&[outcome_label])
-        .observe(f64::from(attempt.duration_ms) / 1000.0);
+    observe(ctx, &job, &result, started);
 
-    let (state, next_attempt_at) = next_state(
-        delivery,
-        trigger,
-        attempt.success,
+    let auto_number = (job.trigger == Trigger::Automatic).then_some(job.delivery.auto_attempts);
+    let transition = Transition::after_attempt(
+        job.trigger,
+        job.delivery.auto_attempts,
+        result.success,
         job.webhook.retry.max_attempts(),
         &ctx.schedule,
-        OffsetDateTime::now_utc(),
     );
-    let expected = (trigger == Trigger::Automatic).then_some(delivery.auto_attempts);
-    let record = AttemptRecord {
-        delivery_id: id,
-        expected_auto_attempts: expected,
-        attempt,
-        state,
-        next_attempt_at,
+    let completion = Completion {
+        delivery_id: job.delivery.id,
+        number: job.number,
+        auto_number,
+        result,
+        transition,
     };
-    let recorded = retry_db!(ctx, db::submit(&ctx.attempt_log, record.clone()).await);
-    match recorded {
-        Ok(Some(_)) => {}
-        // Another worker logged this attempt meanwhile (a duplicate message): nothing to add.
+    let completed = match retry_db!(ctx, db::submit(&ctx.completions, completion.clone()).await) {
+        Ok(Some(completed)) => completed,
+        // Recorded as interrupted meanwhile (this dispatcher outlived its lease).
         Ok(None) => return Outcome::Done,
         Err(outcome) => return outcome,
+    };
+    if !completed.moved {
+        return Outcome::Done;
     }
-    if state.is_finished() {
+    if let Some(state) = completed.state.filter(|s| s.is_finished()) {
         ctx.metrics
             .deliveries_finished
             .with_label_values(&[state.as_str()])
             .inc();
     }
-    if trigger == Trigger::Automatic && state == DeliveryState::Retrying {
-        return schedule_retry(ctx, &job, auto_after + 1).await;
+    if let (Transition::Retry { delay }, Some(DeliveryState::Retrying)) =
+        (transition, completed.state)
+    {
+        let next = Due {
+            delivery_id: job.delivery.id,
+            webhook_id: job.webhook.id,
+            auto_attempts: job.delivery.auto_attempts,
+        };
+        if let Err(error) = ctx.broker.publish(ctx.attempt_message(&next, delay)).await {
+            // The delivery is `retrying` with its next attempt time: once that is overdue, the
+            // sweeper sends it.
+            tracing::warn!(%error, "could not schedule the retry; the sweeper will send it");
+        }
     }
     Outcome::Done
 }
 
-/// Publishes automatic attempt `attempt` to the retry queue of its delay, confirmed.
-async fn schedule_retry(ctx: &Context, job: &DeliveryJob, attempt: i32) -> Outcome {
-    let delay = u8::try_from(attempt)
-        .ok()
-        .and_then(|n| ctx.schedule.delay_before(n))
-        .unwrap_or_default();
-    match ctx
-        .broker
-        .publish(ctx.retry_message(job.delivery.id, attempt, delay))
-        .await
-    {
-        Ok(()) => Outcome::Done,
-        Err(error) => {
-            // Not acked: the message comes back, finds the attempt made, and schedules again.
-            tracing::warn!(%error, delivery_id = %job.delivery.id, "could not schedule the retry");
-            Outcome::Requeue
+/// A claim its guard refused: a duplicate or late message, or a delivery that can get no more
+/// automatic attempt, which is failed now (its webhook disabled or deleted, its schedule used
+/// up).
+async fn refused(ctx: &Context, claim: Claim) -> Outcome {
+    if claim.trigger == Trigger::Manual {
+        tracing::info!(
+            "manual attempt refused: the delivery succeeded, or its webhook is disabled or deleted"
+        );
+        return Outcome::Done;
+    }
+    match retry_db!(ctx, db::submit(&ctx.stops, claim.delivery_id).await) {
+        Ok(stopped) => {
+            if stopped {
+                tracing::info!("no further attempt allowed; delivery failed");
+                ctx.metrics
+                    .deliveries_finished
+                    .with_label_values(&[DeliveryState::Failed.as_str()])
+                    .inc();
+            }
+            Outcome::Done
         }
+        Err(outcome) => outcome,
     }
 }
 
-/// Makes the HTTP request and describes it as an attempt row.
-async fn attempt(ctx: &Context, job: &DeliveryJob, trigger: Trigger, number: i32) -> NewAttempt {
-    let started_at = OffsetDateTime::now_utc();
+fn observe(ctx: &Context, job: &Job, result: &AttemptResult, started: OffsetDateTime) {
+    if job.number == 1 {
+        let lag = (started - job.occurred_at).as_seconds_f64().max(0.0);
+        ctx.metrics.lag.observe(lag);
+    }
+    let outcome = if result.success { "success" } else { "failure" };
+    ctx.metrics
+        .attempts
+        .with_label_values(&[
+            outcome,
+            result.error.map_or("none", AttemptError::as_str),
+            job.trigger.as_str(),
+        ])
+        .inc();
+    ctx.metrics
+        .attempt_duration
+        .with_label_values(&[outcome])
+        .observe(f64::from(result.duration_ms) / 1000.0);
+}
+
+/// Makes the HTTP request and describes it as the attempt's result.
+async fn send(ctx: &Context, job: &Job, started_at: OffsetDateTime) -> AttemptResult {
     let started = Instant::now();
     let id = job.delivery.id.to_string();
     let timestamp = started_at.unix_timestamp();
@@ -200,7 +260,7 @@ async fn attempt(ctx: &Context, job: &DeliveryJob, trigger: Trigger, number: i32
         (headers::TIMESTAMP, timestamp.to_string()),
         (headers::SIGNATURE, signature),
         ("tocsin-event", job.delivery.event.as_str().into()),
-        ("tocsin-attempt", number.to_string()),
+        ("tocsin-attempt", job.number.to_string()),
     ];
     if job.test {
         sent.push(("tocsin-test", "true".into()));
@@ -210,11 +270,9 @@ async fn attempt(ctx: &Context, job: &DeliveryJob, trigger: Trigger, number: i32
             .map(|(name, value)| ((*name).to_owned(), Value::String(value.clone())))
             .collect::<Map<_, _>>(),
     );
-    let result = send(ctx, job, &sent).await;
+    let exchange = exchange(ctx, job, &sent).await;
     let duration_ms = i32::try_from(started.elapsed().as_millis()).unwrap_or(i32::MAX);
-    let mut attempt = NewAttempt {
-        trigger,
-        started_at,
+    let mut result = AttemptResult {
         success: false,
         status_code: None,
         duration_ms,
@@ -224,40 +282,53 @@ async fn attempt(ctx: &Context, job: &DeliveryJob, trigger: Trigger, number: i32
         response_body: None,
         response_truncated: false,
     };
-    match result {
+    match exchange {
         Ok(answer) => {
             let success = (200..300).contains(&answer.status);
-            attempt.success = success;
-            attempt.status_code = Some(answer.status);
-            attempt.response_body = Some(answer.body);
-            attempt.response_truncated = answer.truncated;
+            result.success = success;
+            result.status_code = Some(answer.status);
+            result.response_body = Some(answer.body);
+            result.response_truncated = answer.truncated || answer.body_error.is_some();
+            let mut detail = Vec::new();
             if !success {
-                let kind = if (300..400).contains(&answer.status) {
+                result.error = Some(if (300..400).contains(&answer.status) {
                     AttemptError::Redirect
                 } else {
                     AttemptError::HttpStatus
-                };
-                attempt.error = Some(kind);
-                attempt.error_detail = Some(format!("the target answered {}", answer.status));
+                });
+                detail.push(format!("the target answered {}", answer.status));
             }
+            if let Some(body_error) = answer.body_error {
+                detail.push(body_error);
+            }
+            result.error_detail = (!detail.is_empty()).then(|| detail.join("; "));
         }
         Err((kind, detail)) => {
-            attempt.error = Some(kind);
-            attempt.error_detail = Some(detail);
+            result.error = Some(kind);
+            result.error_detail = Some(detail);
         }
     }
-    attempt
+    result
 }
 
+/// What the target answered.
 struct Answer {
     status: u16,
+    /// The body as read, at most the response body limit.
     body: String,
+    /// The body was longer than the limit.
     truncated: bool,
+    /// Why the body is incomplete, when it broke off or did not arrive within the timeout.
+    body_error: Option<String>,
 }
 
-async fn send(
+/// Sends the request. The webhook's timeout bounds the whole exchange: an answer whose status
+/// line and headers come within it is the attempt's answer (its status decides success); its
+/// body is read for the rest of the timeout, and a body that breaks off or is still arriving
+/// then is kept as read and marked incomplete. No answer within the timeout is a timeout.
+async fn exchange(
     ctx: &Context,
-    job: &DeliveryJob,
+    job: &Job,
     sent: &[(&str, String)],
 ) -> Result<Answer, (AttemptError, String)> {
     let url = reqwest::Url::parse(&job.webhook.url)
@@ -279,34 +350,55 @@ async fn send(
     for (name, value) in sent {
         request = request.header(*name, value);
     }
-    let exchange = async {
-        let mut response = request.send().await?;
-        let status = response.status().as_u16();
-        let mut body = Vec::new();
-        let mut truncated = false;
-        while let Some(chunk) = response.chunk().await? {
-            let room = ctx.response_limit.saturating_sub(body.len());
-            if chunk.len() > room {
-                body.extend_from_slice(&chunk[..room]);
-                truncated = true;
+    let timeout = job.webhook.retry.timeout();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut response = match tokio::time::timeout_at(deadline, request.send()).await {
+        Err(_) => {
+            return Err((
+                AttemptError::Timeout,
+                format!("no answer within {} ms", job.webhook.retry.timeout_ms()),
+            ))
+        }
+        Ok(Err(error)) => return Err(classify(&error)),
+        Ok(Ok(response)) => response,
+    };
+    let status = response.status().as_u16();
+    let mut body = Vec::new();
+    let mut truncated = false;
+    let mut body_error = None;
+    loop {
+        match tokio::time::timeout_at(deadline, response.chunk()).await {
+            Err(_) => {
+                body_error = Some(format!(
+                    "the response body was still arriving after {} ms; kept as read",
+                    job.webhook.retry.timeout_ms()
+                ));
                 break;
             }
-            body.extend_from_slice(&chunk);
+            Ok(Err(error)) => {
+                body_error = Some(format!(
+                    "the response body broke off: {error}; kept as read"
+                ));
+                break;
+            }
+            Ok(Ok(None)) => break,
+            Ok(Ok(Some(chunk))) => {
+                let room = ctx.response_limit.saturating_sub(body.len());
+                if chunk.len() > room {
+                    body.extend_from_slice(&chunk[..room]);
+                    truncated = true;
+                    break;
+                }
+                body.extend_from_slice(&chunk);
+            }
         }
-        Ok::<_, reqwest::Error>(Answer {
-            status,
-            body: String::from_utf8_lossy(&body).into_owned(),
-            truncated,
-        })
-    };
-    match tokio::time::timeout(job.webhook.retry.timeout(), exchange).await {
-        Err(_) => Err((
-            AttemptError::Timeout,
-            format!("no answer within {} ms", job.webhook.retry.timeout_ms()),
-        )),
-        Ok(Ok(answer)) => Ok(answer),
-        Ok(Err(error)) => Err(classify(&error)),
     }
+    Ok(Answer {
+        status,
+        body: String::from_utf8_lossy(&body).into_owned(),
+        truncated,
+        body_error,
+    })
 }
 
 /// Names the kind of a transport failure from the error and its causes.

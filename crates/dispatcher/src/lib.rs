@@ -1,17 +1,18 @@
-//! `tocsin-dispatcher`: turns deliveries into signed HTTP requests (and event messages of an
-//! earlier version into deliveries: new events get theirs when they are written), logs every
-//! attempt, and retries failures on the schedule of SPEC §8 through RabbitMQ's per-delay retry
-//! queues. Any number of dispatchers share the queues.
+//! `tocsin-dispatcher`: fans incident events out into deliveries, one per subscribed webhook,
+//! turns them into signed HTTP requests, logs every attempt, and retries failures on the
+//! five-step schedule through RabbitMQ's per-delay retry queues. Any number of dispatchers share
+//! the queues.
 
 mod config;
+mod context;
 mod deliver;
 mod fanout;
-mod held;
 mod metrics;
 mod slots;
 mod ssrf;
 mod startup;
 mod sweeper;
+mod waiting;
 
 pub use config::Config;
 pub use ssrf::TargetPolicy;

@@ -16,8 +16,7 @@ pub(crate) struct DispatcherMetrics {
     pub deliveries_finished: IntCounterVec,
     pub parked: IntCounterVec,
     pub swept: IntCounter,
-    pub released: IntCounter,
-    pub deferred: IntCounter,
+    pub waited: IntCounter,
     pub queue_messages: IntGaugeVec,
     pub unfinished: IntGaugeVec,
 }
@@ -52,7 +51,7 @@ impl DispatcherMetrics {
         )?;
         let deliveries_created = IntCounter::new(
             "tocsin_dispatcher_deliveries_created_total",
-            "Deliveries created by this dispatcher's fan-out of event messages (new events get their deliveries when they are written).",
+            "Deliveries created by this dispatcher's fan-out of incident events.",
         )?;
         let deliveries_finished = IntCounterVec::new(
             Opts::new(
@@ -72,25 +71,21 @@ impl DispatcherMetrics {
             "tocsin_dispatcher_swept_total",
             "Overdue deliveries re-enqueued by the sweeper.",
         )?;
-        let released = IntCounter::new(
-            "tocsin_dispatcher_released_total",
-            "Held deliveries (created while their webhook was marked slow) released and enqueued once the mark lapsed.",
-        )?;
-        let deferred = IntCounter::new(
-            "tocsin_dispatcher_deferred_total",
-            "Attempts put off for a few seconds (deferral queue) because their webhook had TOCSIN_WEBHOOK_CONCURRENCY requests in flight.",
+        let waited = IntCounter::new(
+            "tocsin_dispatcher_waited_total",
+            "Deliveries that became waiting because their webhook had TOCSIN_WEBHOOK_CONCURRENCY requests in flight in this dispatcher.",
         )?;
         let queue_messages = IntGaugeVec::new(
             Opts::new(
                 "tocsin_queue_messages",
-                "Messages waiting in each RabbitMQ queue of the topology (fan-out, deliveries, each retry delay, deferred, parking).",
+                "Messages waiting in each RabbitMQ queue of the topology (fan-out, deliveries, each retry delay, parking).",
             ),
             &["queue"],
         )?;
         let unfinished = IntGaugeVec::new(
             Opts::new(
                 "tocsin_deliveries_unfinished",
-                "Deliveries not yet finished, by state (pending, retrying; held: waiting for a webhook marked slow), counted in PostgreSQL.",
+                "Deliveries not yet finished, by state (pending, waiting, retrying), counted in PostgreSQL.",
             ),
             &["state"],
         )?;
@@ -104,8 +99,7 @@ impl DispatcherMetrics {
         registry.register(Box::new(deliveries_finished.clone()))?;
         registry.register(Box::new(parked.clone()))?;
         registry.register(Box::new(swept.clone()))?;
-        registry.register(Box::new(released.clone()))?;
-        registry.register(Box::new(deferred.clone()))?;
+        registry.register(Box::new(waited.clone()))?;
         // Export these series at 0 from the start, so that dashboards and `increase()` in the
         // alert rules see the first occurrence (a series that appears at 1 shows no increase).
         for state in ["succeeded", "failed"] {
@@ -123,8 +117,7 @@ impl DispatcherMetrics {
             deliveries_finished,
             parked,
             swept,
-            released,
-            deferred,
+            waited,
             queue_messages,
             unfinished,
         })
@@ -133,7 +126,7 @@ impl DispatcherMetrics {
 
 /// Refreshes the queue-depth and backlog gauges every `interval` until cancelled.
 pub(crate) async fn refresh_gauges(
-    ctx: std::sync::Arc<crate::startup::Context>,
+    ctx: std::sync::Arc<crate::context::Context>,
     interval: std::time::Duration,
     cancel: tokio_util::sync::CancellationToken,
 ) {
@@ -156,9 +149,6 @@ pub(crate) async fn refresh_gauges(
                         .with_label_values(&[state.as_str()])
                         .set(n);
                 }
-            }
-            if let Ok(n) = tocsin_domain::db::deliveries::count_held(&mut conn).await {
-                ctx.metrics.unfinished.with_label_values(&["held"]).set(n);
             }
         }
         tokio::select! {

@@ -1,18 +1,26 @@
-//! The sweeper (DESIGN §2): PostgreSQL is the source of truth, so a delivery whose next attempt
-//! is overdue by more than a grace period — its message lost by the broker, or never published
-//! because a dispatcher died between commit and publish — is enqueued again. Several dispatchers
-//! may sweep at once: rows are claimed with `FOR UPDATE SKIP LOCKED` and pushed ahead.
+//! The sweeper: PostgreSQL is the source of truth, so the dispatcher looks there for work the
+//! broker or a stopped dispatcher lost. Each pass records the attempts whose dispatcher stopped
+//! before recording their outcome (an automatic one once its lease has ended) as `interrupted`
+//! (their deliveries move as after any failed attempt), then enqueues pending and retrying deliveries whose next attempt is overdue by
+//! more than a grace period (a message lost by the broker, a first attempt its dispatcher never
+//! made). Several dispatchers may sweep at once: rows are claimed with `FOR UPDATE SKIP LOCKED`
+//! and made due now, and every attempt is still claimed before it is sent.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tocsin_domain::db::{deliveries, DbError};
+use tocsin_domain::db::deliveries::{self, AttemptResult, Completion, Due};
+use tocsin_domain::db::{self, DbError};
+use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger};
 use tokio_util::sync::CancellationToken;
 
-use crate::startup::Context;
+use crate::context::{Context, LEASE_MARGIN};
 
-/// Most deliveries claimed and enqueued per transaction.
+/// Most deliveries claimed and enqueued per statement.
 const BATCH: i64 = 500;
+/// A manual attempt (which takes no lease) takes at most the longest webhook timeout; one
+/// still unrecorded that long plus the lease margin after it started was interrupted.
+const LONGEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(crate) async fn run(
     ctx: Arc<Context>,
@@ -26,39 +34,112 @@ pub(crate) async fn run(
             _ = tokio::time::sleep(interval) => {}
         }
         match sweep_once(&ctx, grace).await {
-            Ok(0) => {}
-            Ok(n) => tracing::warn!(deliveries = n, "re-enqueued overdue deliveries"),
+            Ok((0, 0)) => {}
+            Ok((interrupted, overdue)) => {
+                tracing::warn!(
+                    interrupted,
+                    overdue,
+                    "recorded interrupted attempts and re-enqueued overdue deliveries"
+                );
+            }
             Err(error) => tracing::warn!(error = %format!("{error:#}"), "sweep failed; will retry"),
         }
     }
 }
 
-/// One pass; returns how many deliveries were re-enqueued. Deliveries are claimed in batches of
-/// [`BATCH`] (each claim commits); a batch claimed and then not enqueued is overdue like any
-/// other, and a later pass takes it up after its grace.
-pub(crate) async fn sweep_once(ctx: &Context, grace: Duration) -> anyhow::Result<usize> {
-    let mut total = 0;
+/// One pass; returns how many interrupted attempts were recorded and how many overdue
+/// deliveries re-enqueued.
+pub(crate) async fn sweep_once(ctx: &Context, grace: Duration) -> anyhow::Result<(usize, usize)> {
+    let interrupted = record_interrupted(ctx).await?;
+    let mut overdue = 0;
     loop {
         let mut conn = ctx.pool.get().await.map_err(DbError::from)?;
         let due = deliveries::claim_overdue(&mut conn, grace, BATCH).await?;
         drop(conn);
         if due.is_empty() {
-            return Ok(total);
+            break;
         }
         let messages: Vec<_> = due
             .iter()
-            .map(|(id, auto_attempts)| ctx.attempt_message(*id, auto_attempts + 1))
+            .map(|due| ctx.attempt_message(due, Duration::ZERO))
             .collect();
         ctx.broker.publish_all(&messages).await?;
         ctx.metrics.swept.inc_by(due.len() as u64);
-        total += due.len();
+        overdue += due.len();
         if due.len() < BATCH as usize {
-            return Ok(total);
+            break;
         }
     }
+    Ok((interrupted, overdue))
 }
 
-/// Prunes old data every `interval` (DESIGN: retention), logging what it removed.
+/// Records unrecorded attempts of stopped dispatchers as interrupted, each moving its delivery
+/// as a failed attempt does: a delivery moved to `retrying` gets its next attempt through the
+/// retry queue of its delay, as after any failed attempt.
+async fn record_interrupted(ctx: &Context) -> anyhow::Result<usize> {
+    let mut conn = ctx.pool.get().await.map_err(DbError::from)?;
+    let found = deliveries::unrecorded(
+        &mut conn,
+        Duration::ZERO,
+        LONGEST_TIMEOUT + LEASE_MARGIN,
+        BATCH,
+    )
+    .await?;
+    drop(conn);
+    let mut recorded = 0;
+    for attempt in found {
+        let trigger = attempt.trigger();
+        let auto_number = (trigger == Trigger::Automatic).then_some(attempt.auto_attempts);
+        let transition = Transition::after_attempt(
+            trigger,
+            attempt.auto_attempts,
+            false,
+            attempt.max_attempts(),
+            &ctx.schedule,
+        );
+        let completion = Completion {
+            delivery_id: attempt.delivery_id,
+            number: attempt.number,
+            auto_number,
+            result: AttemptResult::interrupted(),
+            transition,
+        };
+        let Some(completed) = db::submit(&ctx.completions, completion).await? else {
+            continue;
+        };
+        recorded += 1;
+        ctx.metrics
+            .attempts
+            .with_label_values(&[
+                "failure",
+                AttemptError::Interrupted.as_str(),
+                trigger.as_str(),
+            ])
+            .inc();
+        match (transition, completed.moved, completed.state) {
+            (Transition::Retry { delay }, true, Some(DeliveryState::Retrying)) => {
+                let next = Due {
+                    delivery_id: attempt.delivery_id,
+                    webhook_id: attempt.webhook_id,
+                    auto_attempts: attempt.auto_attempts,
+                };
+                // Should this fail, the overdue pass sends it once overdue.
+                ctx.broker
+                    .publish(ctx.attempt_message(&next, delay))
+                    .await?;
+            }
+            (_, true, Some(DeliveryState::Failed)) => ctx
+                .metrics
+                .deliveries_finished
+                .with_label_values(&[DeliveryState::Failed.as_str()])
+                .inc(),
+            _ => {}
+        }
+    }
+    Ok(recorded)
+}
+
+/// Prunes old data every `interval`, logging what it removed.
 pub(crate) async fn prune(
     ctx: Arc<Context>,
     interval: Duration,

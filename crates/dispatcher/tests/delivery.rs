@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use common::{Harness, DEADLINE};
 use lapin::options::QueuePurgeOptions;
-use tocsin_domain::amqp::messages::Trigger;
-use tocsin_domain::db::deliveries::DeliveryState;
+use tocsin_domain::db::deliveries::{DeliveryState, WaitReason};
 use tocsin_domain::db::{outbox, webhooks};
+use tocsin_domain::delivery::Trigger;
 use tocsin_domain::{signing, EventKind, WebhookSecret};
 use tocsin_testkit::{wait_for, wait_until, Behavior, Receiver, FAST_RETRY_DELAYS};
 
@@ -203,7 +203,7 @@ async fn a_target_answering_500_gets_exactly_five_attempts_on_the_schedule() {
     assert_eq!(delivery.attempt_count, 5);
     for (i, attempt) in detail.attempts.iter().enumerate() {
         assert_eq!(attempt.number, i as i32 + 1);
-        assert!(!attempt.success);
+        assert_eq!(attempt.success, Some(false));
         assert_eq!(attempt.status_code, Some(500));
         assert_eq!(attempt.error.as_deref(), Some("http_status"));
         assert_eq!(attempt.response_body.as_deref(), Some("answer 500"));
@@ -243,14 +243,18 @@ async fn a_target_that_recovers_at_attempt_three_ends_succeeded() {
         .await
         .remove(0);
     let detail = harness.detail(delivery.id).await;
-    let outcomes: Vec<(bool, Option<i32>)> = detail
+    let outcomes: Vec<(Option<bool>, Option<i32>)> = detail
         .attempts
         .iter()
         .map(|a| (a.success, a.status_code))
         .collect();
     assert_eq!(
         outcomes,
-        [(false, Some(503)), (false, Some(502)), (true, Some(200))]
+        [
+            (Some(false), Some(503)),
+            (Some(false), Some(502)),
+            (Some(true), Some(200))
+        ]
     );
     let ids: Vec<String> = receiver
         .requests()
@@ -402,18 +406,21 @@ async fn a_manual_retry_of_a_failed_delivery_adds_a_manual_attempt() {
     let sixth = &detail.attempts[5];
     assert_eq!(
         (sixth.number, sixth.trigger.as_str(), sixth.success),
-        (6, "manual", true)
+        (6, "manual", Some(true))
+    );
+    assert_eq!(
+        delivery.auto_attempts, 5,
+        "a manual attempt is not an automatic one"
     );
 
-    // A manual retry of a succeeded delivery is allowed and logged too.
+    // A succeeded delivery is final: a manual retry of it is refused by its claim, and sends
+    // nothing.
     outbox::enqueue_attempt(&mut conn, &[delivery.id], Trigger::Manual)
         .await
         .unwrap();
-    wait_until("the seventh attempt", DEADLINE, || async {
-        harness.detail(delivery.id).await.attempts.len() == 7
-    })
-    .await;
-    assert_eq!(receiver.count(), 7);
+    harness.wait_drained().await;
+    assert_eq!(harness.detail(delivery.id).await.attempts.len(), 6);
+    assert_eq!(receiver.count(), 6);
     harness.stop().await;
 }
 
@@ -451,11 +458,12 @@ async fn a_hanging_target_does_not_hold_back_a_healthy_one() {
     harness.stop().await;
 }
 
-/// A hanging webhook gets at most `TOCSIN_WEBHOOK_CONCURRENCY` requests at once: the other
-/// attempts for it wait in the deferral queue instead of taking delivery slots, so a healthy
-/// webhook is served even when the hanging one has more deliveries than the dispatcher slots.
+/// A hanging webhook gets at most `TOCSIN_WEBHOOK_CONCURRENCY` requests at once: its other
+/// deliveries are listed in the delivery log as `waiting` (webhook busy) instead of taking
+/// request slots, so a healthy webhook is served even when the hanging one has more deliveries
+/// than the dispatcher has slots.
 #[tokio::test]
-async fn a_webhook_at_its_in_flight_limit_defers_instead_of_taking_every_slot() {
+async fn a_webhook_at_its_in_flight_limit_leaves_deliveries_waiting_in_the_log() {
     let mut harness = Harness::without_dispatcher("0s").await;
     let port = harness
         .add_dispatcher(|config| {
@@ -484,107 +492,80 @@ async fn a_webhook_at_its_in_flight_limit_defers_instead_of_taking_every_slot() 
     harness
         .wait_state(good.id, 12, DeliveryState::Succeeded)
         .await;
-    let deferred = wait_for("10 deferred attempts", DEADLINE, || async {
-        let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("tocsin_dispatcher_deferred_total "))
-            .and_then(|n| n.parse::<u64>().ok())
-            .filter(|n| *n >= 10)
+    // Every delivery to the hanging webhook is in the log: two attempts under way, ten waiting
+    // for a slot, with the reason.
+    let listed = wait_for("12 deliveries listed, 10 waiting", DEADLINE, || async {
+        let found = harness.deliveries(stuck.id).await;
+        let waiting = found
+            .iter()
+            .filter(|d| d.state == DeliveryState::Waiting)
+            .count();
+        (found.len() == 12 && waiting == 10).then_some(found)
     })
     .await;
-    assert!(
-        deferred >= 10,
-        "the attempts beyond the limit were deferred"
-    );
-    wait_for("the two hanging requests", DEADLINE, || async {
-        (hanging.count() >= 2).then_some(())
-    })
-    .await;
+    for delivery in listed.iter().filter(|d| d.state == DeliveryState::Waiting) {
+        assert_eq!(delivery.wait_reason, Some(WaitReason::WebhookBusy));
+        assert_eq!(delivery.attempt_count, 0);
+    }
+    let under_way: Vec<_> = listed
+        .iter()
+        .filter(|d| d.state == DeliveryState::Pending)
+        .collect();
+    assert_eq!(under_way.len(), 2);
+    for delivery in under_way {
+        let attempts = harness.detail(delivery.id).await.attempts;
+        assert_eq!(attempts.len(), 1);
+        assert_eq!(attempts[0].success, None, "under way: no outcome yet");
+    }
     assert_eq!(
         hanging.count(),
         2,
         "the hanging target never had more than its limit of requests"
     );
-
-    // The dispatcher told the writers: while the mark lasts, a new delivery to the hanging
-    // webhook is held in PostgreSQL (a held pair: no delivery row yet, no outbox row), and one
-    // to the healthy webhook is enqueued.
-    harness.wait_marked_slow(stuck.id).await;
-    harness.open("limit-while-marked").await;
-    let new_delivery = |webhook: uuid::Uuid, condition: &str| {
-        format!(
-            "deliveries d JOIN incidents i ON i.id = d.incident_id
-             WHERE i.dedup_key = 'limit-while-marked' AND d.webhook_id = '{webhook}' AND {condition}"
-        )
-    };
-    let outbox_row = "EXISTS (SELECT 1 FROM outbox o
-        WHERE convert_from(o.payload, 'UTF8')::jsonb ->> 'delivery_id' = d.id::text)";
-    assert_eq!(harness.db.count(&new_delivery(stuck.id, "true")).await, 0);
-    assert_eq!(
-        harness
-            .db
-            .count(&format!(
-                "held_deliveries h JOIN events e ON e.id = h.event_id
-                 JOIN incidents i ON i.id = e.incident_id
-                 WHERE i.dedup_key = 'limit-while-marked' AND h.webhook_id = '{}'",
-                stuck.id
-            ))
-            .await,
-        1
-    );
-    assert_eq!(
-        harness.db.count(&new_delivery(good.id, outbox_row)).await,
-        1
-    );
-    harness
-        .wait_state(good.id, 13, DeliveryState::Succeeded)
-        .await;
+    let text = common::metrics(port).await;
+    let waited: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("tocsin_dispatcher_waited_total "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(waited >= 10, "waiting deliveries counted: {waited}");
     harness.stop().await;
 }
 
-/// A webhook whose requests all hang stays marked slow while they hang, so its new deliveries
-/// wait in PostgreSQL; once its requests have ended and the mark lapsed, they are released and
-/// delivered, each once.
+/// Waiting deliveries are attempted, each once, as soon as their webhook has a free slot.
 #[tokio::test]
-async fn deliveries_held_for_a_hanging_webhook_are_released_when_it_recovers() {
+async fn waiting_deliveries_are_attempted_once_the_webhook_has_room() {
     let mut harness = Harness::without_dispatcher("0s").await;
-    let port = harness
+    harness
         .add_dispatcher(|config| config.webhook_concurrency = 1)
         .await;
     let receiver = Receiver::start_with(Behavior::Hang).await;
-    // A 5 s timeout: the webhook counts as slow from 250 ms into its request until then,
-    // which the dispatcher's once-a-second check cannot miss.
     let webhook = harness
         .webhook(
             &receiver.url("/hook"),
             &[EventKind::IncidentOpened],
             1,
-            5_000,
+            2_000,
         )
         .await;
     harness.open("hangs").await;
-    // No other attempt comes to find the webhook slow: the dispatcher marks it by itself.
-    harness.wait_marked_slow(webhook.id).await;
+    receiver.wait_for_requests(1, DEADLINE).await;
     for i in 0..3 {
-        harness.open(&format!("held-{i}")).await;
+        harness.open(&format!("waits-{i}")).await;
     }
-    let held = format!("held_deliveries WHERE webhook_id = '{}'", webhook.id);
-    assert_eq!(harness.db.count(&held).await, 3);
-    assert_eq!(
-        harness.deliveries(webhook.id).await.len(),
-        1,
-        "only the first"
-    );
-
+    wait_until("three deliveries waiting", DEADLINE, || async {
+        harness
+            .deliveries(webhook.id)
+            .await
+            .iter()
+            .filter(|d| d.state == DeliveryState::Waiting)
+            .count()
+            == 3
+    })
+    .await;
     receiver.set_behavior(Behavior::Status(200));
-    // The first attempt times out (one attempt allowed: failed); the three held deliveries
-    // are released once the mark lapses, and answered.
+    // The first attempt times out (one attempt allowed: failed); the three waiting deliveries
+    // are then attempted and answered.
     wait_until(
         "three deliveries succeeded, one failed",
         DEADLINE,
@@ -610,14 +591,110 @@ async fn deliveries_held_for_a_hanging_webhook_are_released_when_it_recovers() {
         .iter()
         .filter(|r| r.answered == Some(200))
         .count();
-    assert_eq!(answered, 3, "each held delivery sent once");
-    assert_eq!(harness.db.count(&held).await, 0);
-    assert!(
-        common::metrics(port)
+    assert_eq!(answered, 3, "each waiting delivery sent once");
+    assert_eq!(receiver.count(), 4);
+    harness.stop().await;
+}
+
+/// An operator pressing retry over and over while the automatic schedule runs: the automatic
+/// attempts stop at `max_attempts`, and every request the target got is in the attempt log.
+#[tokio::test]
+async fn manual_retries_racing_the_schedule_add_no_automatic_attempt_and_none_unlogged() {
+    let harness = Harness::start("0s,300ms,300ms,300ms,300ms").await;
+    let receiver = Receiver::start_with(Behavior::Delay(Duration::from_millis(200), 500)).await;
+    let webhook = harness
+        .webhook(
+            &receiver.url("/race"),
+            &[EventKind::IncidentOpened],
+            5,
+            5_000,
+        )
+        .await;
+    harness.open("race").await;
+    let delivery = wait_for("the delivery", DEADLINE, || async {
+        harness.deliveries(webhook.id).await.pop()
+    })
+    .await;
+    let mut conn = harness.conn().await;
+    let mut pressed = 0;
+    loop {
+        let now = harness.detail(delivery.id).await;
+        if now.delivery.state == DeliveryState::Failed {
+            break;
+        }
+        outbox::enqueue_attempt(&mut conn, &[delivery.id], Trigger::Manual)
             .await
-            .contains("tocsin_dispatcher_released_total 3"),
-        "released deliveries counted"
+            .unwrap();
+        pressed += 1;
+        assert!(pressed < 200, "the schedule should have ended by now");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    harness.wait_drained().await;
+    wait_until("every attempt recorded", DEADLINE, || async {
+        harness
+            .detail(delivery.id)
+            .await
+            .attempts
+            .iter()
+            .all(|a| a.success.is_some())
+    })
+    .await;
+    let detail = harness.detail(delivery.id).await;
+    let automatic = detail
+        .attempts
+        .iter()
+        .filter(|a| a.trigger == "automatic")
+        .count();
+    assert_eq!(
+        automatic, 5,
+        "exactly the schedule's five automatic attempts"
     );
+    assert!(detail.attempts.len() > 5, "manual attempts were made too");
+    assert_eq!(
+        receiver.count(),
+        detail.attempts.len(),
+        "the target got exactly the attempts logged"
+    );
+    assert_eq!(detail.delivery.state, DeliveryState::Failed);
+    harness.stop().await;
+}
+
+/// A 2xx whose body is slow or breaks off is recorded with its status code, as the documented
+/// rule says: the status decides, the body is kept as read and marked incomplete.
+#[tokio::test]
+async fn a_2xx_with_a_slow_or_broken_body_is_recorded_with_its_status() {
+    let harness = Harness::start("0s").await;
+    let slow = Receiver::start_with(Behavior::SlowBody(200)).await;
+    let broken = Receiver::start_with(Behavior::BrokenBody(202)).await;
+    let cases = [(slow, 200, "still arriving"), (broken, 202, "broke off")];
+    let mut hooks = Vec::new();
+    for (receiver, _, _) in &cases {
+        hooks.push(
+            harness
+                .webhook(
+                    &receiver.url("/body"),
+                    &[EventKind::IncidentOpened],
+                    1,
+                    1_000,
+                )
+                .await,
+        );
+    }
+    harness.open("bodies").await;
+    for ((_, status, detail), hook) in cases.iter().zip(&hooks) {
+        let delivery = harness
+            .wait_state(hook.id, 1, DeliveryState::Succeeded)
+            .await
+            .remove(0);
+        let attempt = harness.detail(delivery.id).await.attempts.remove(0);
+        assert_eq!(attempt.success, Some(true));
+        assert_eq!(attempt.status_code, Some(*status));
+        assert_eq!(attempt.error, None);
+        assert!(attempt.response_truncated);
+        assert_eq!(attempt.response_body.as_deref(), Some("partial "));
+        let text = attempt.error_detail.unwrap_or_default();
+        assert!(text.contains(detail), "{text}");
+    }
     harness.stop().await;
 }
 
@@ -870,13 +947,50 @@ async fn readyz_reports_each_server_it_cannot_reach() {
 #[tokio::test]
 async fn metrics_show_queue_depths_and_the_unfinished_backlog() {
     let mut harness = Harness::without_dispatcher("0s,1m").await;
-    // Two events held for a webhook that no longer exists, which no release takes.
+    // Two deliveries due in an hour: pending, and neither swept nor attempted meanwhile.
+    let webhook = harness
+        .webhook(
+            "http://127.0.0.1:9/",
+            &[EventKind::IncidentOpened],
+            1,
+            1_000,
+        )
+        .await;
+    harness.open("backlog-1").await;
+    harness.open("backlog-2").await;
     let mut conn = harness.conn().await;
+    let pending = tocsin_domain::db::deliveries::FanOut {
+        event_id: uuid::Uuid::nil(),
+        kind: EventKind::IncidentOpened,
+        incident_id: uuid::Uuid::nil(),
+        test_webhook_id: None,
+        redelivered: false,
+    };
+    let events: Vec<(uuid::Uuid, uuid::Uuid)> = diesel_async::RunQueryDsl::load(
+        diesel::sql_query("SELECT id, incident_id FROM events").into_boxed::<diesel::pg::Pg>(),
+        &mut conn,
+    )
+    .await
+    .map(|rows: Vec<common::EventRow>| rows.into_iter().map(|r| (r.id, r.incident_id)).collect())
+    .unwrap();
+    let fan_outs: Vec<_> = events
+        .iter()
+        .map(
+            |(event_id, incident_id)| tocsin_domain::db::deliveries::FanOut {
+                event_id: *event_id,
+                incident_id: *incident_id,
+                ..pending.clone()
+            },
+        )
+        .collect();
+    tocsin_domain::db::deliveries::fan_out(&mut conn, &fan_outs, &[])
+        .await
+        .unwrap();
     diesel_async::RunQueryDsl::execute(
         diesel::sql_query(
-            "INSERT INTO held_deliveries (webhook_id, event_id, held_at)
-             SELECT gen_random_uuid(), gen_random_uuid(), now() FROM generate_series(1, 2)",
-        ),
+            "UPDATE deliveries SET next_attempt_at = now() + interval '1 hour' WHERE webhook_id = $1",
+        )
+        .bind::<diesel::sql_types::Uuid, _>(webhook.id),
         &mut conn,
     )
     .await
@@ -887,8 +1001,9 @@ async fn metrics_show_queue_depths_and_the_unfinished_backlog() {
         let text = metrics().await;
         text.contains(r#"tocsin_queue_messages{queue="deliveries"} 0"#)
             && text.contains(r#"tocsin_queue_messages{queue="retry.1m"} 0"#)
+            && text.contains(r#"tocsin_deliveries_unfinished{state="pending"} 2"#)
+            && text.contains(r#"tocsin_deliveries_unfinished{state="waiting"} 0"#)
             && text.contains(r#"tocsin_deliveries_unfinished{state="retrying"} 0"#)
-            && text.contains(r#"tocsin_deliveries_unfinished{state="held"} 2"#)
     })
     .await;
     harness.stop().await;

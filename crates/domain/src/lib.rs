@@ -8,6 +8,7 @@ pub mod amqp;
 pub mod batch;
 pub mod config;
 pub mod db;
+pub mod delivery;
 mod event;
 mod incident;
 pub mod relay;

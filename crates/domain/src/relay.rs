@@ -225,8 +225,6 @@ impl OutboxRelay {
                 topology.deliveries_exchange(),
                 DELIVERY_ROUTING_KEY.to_owned(),
             ),
-            // Through the default exchange, by the queue's name, as the dispatcher defers.
-            Some(Topic::Deferred) => (String::new(), topology.deferred_queue()),
             // The table's CHECK admits only these topics.
             Some(Topic::Event) | None => (topology.events_exchange(), EVENT_ROUTING_KEY.to_owned()),
         };

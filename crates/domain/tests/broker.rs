@@ -1,7 +1,7 @@
 //! RabbitMQ against the real broker: the topology as the broker reports it, retry queues that
-//! dead-letter back, the outbox relay (exactly once, and after an outage: the first attempts of
-//! the deliveries written with each event), and a consumer that
-//! survives losing its connection.
+//! dead-letter back, the outbox relay (each event to the events exchange, each manual attempt to
+//! the delivery queue, exactly once, and after an outage), and a consumer that survives losing
+//! its connection.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,18 +11,22 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions};
 use prometheus::Registry;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
-use tocsin_domain::amqp::messages::{DeliveryMessage, ATTEMPT_HEADER, WEBHOOK_HEADER};
+use tocsin_domain::amqp::messages::{
+    DeliveryMessage, EventMessage, Trigger, ATTEMPT_HEADER, TRIGGER_HEADER,
+};
 use tocsin_domain::amqp::topology::DELIVERY_ROUTING_KEY;
 use tocsin_domain::amqp::{
     self, header_int, header_str, run_consumer, Broker, ConsumerOptions, Outgoing,
 };
 use tocsin_domain::config::CommonConfig;
+use tocsin_domain::db::deliveries;
+use tocsin_domain::db::outbox::{self, NewEvent};
 use tocsin_domain::db::webhooks::{self, NewWebhook};
-use tocsin_domain::db::{deliveries, incidents, outbox};
 use tocsin_domain::relay::OutboxRelay;
 use tocsin_domain::{
     EventKind, IncidentTitle, RetrySchedule, RetrySettings, Severity, TargetUrl, WebhookName,
 };
+use tocsin_testkit::deliveries::create_delivery;
 use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestDb, TestPrefix};
 use tokio_util::sync::CancellationToken;
 
@@ -36,7 +40,8 @@ fn config(db: &TestDb, prefix: &TestPrefix, delays: &str) -> CommonConfig {
     config
 }
 
-async fn open_incident(db: &TestDb, key: &str) {
+/// Opens an incident; returns its `incidents.opened` event.
+async fn open_incident(db: &TestDb, key: &str) -> NewEvent {
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
     let signal = AlertSignal {
         dedup_key: key.into(),
@@ -47,13 +52,14 @@ async fn open_incident(db: &TestDb, key: &str) {
         source: None,
         reply_key: None,
     };
-    incidents::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
+    tocsin_testkit::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
         .await
-        .unwrap();
+        .unwrap()[0]
+        .events[0]
+        .clone()
 }
 
-/// A webhook for `incidents.opened`: each incident opened gets a delivery to it, whose first
-/// attempt the relay publishes.
+/// A webhook for `incidents.opened`.
 async fn subscribe(db: &TestDb) -> uuid::Uuid {
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
     let new = NewWebhook {
@@ -131,6 +137,10 @@ async fn the_broker_reports_the_declared_topology() {
         );
     }
     assert!(prefix.queue_info(&format!("{p}.parking")).await.is_some());
+    assert!(
+        prefix.queue_info(&format!("{p}.deferred")).await.is_none(),
+        "no deferral queue any more"
+    );
 }
 
 #[tokio::test]
@@ -208,13 +218,14 @@ async fn unroutable_publishes_are_errors() {
     assert!(matches!(error, amqp::BrokerError::Unroutable(_)), "{error}");
 }
 
+/// An event's outbox row goes to the events exchange, whose fan-out queue receives its
+/// [`EventMessage`], once; whether anyone subscribes is the dispatchers' business.
 #[tokio::test]
-async fn the_relay_publishes_a_committed_row_exactly_once() {
+async fn the_relay_publishes_an_event_row_to_the_events_exchange_exactly_once() {
     let db = TestDb::new().await;
     let prefix = TestPrefix::new();
     let (broker, relay) = broker_and_relay(&db, &prefix);
-    let webhook = subscribe(&db).await;
-    open_incident(&db, "once").await;
+    let event = open_incident(&db, "once").await;
 
     assert_eq!(relay.drain().await.unwrap(), 1);
     assert_eq!(
@@ -222,87 +233,57 @@ async fn the_relay_publishes_a_committed_row_exactly_once() {
         0,
         "a published row is not published again"
     );
-    let messages = drain_queue(&broker, &broker.topology().delivery_queue()).await;
+    let topology = broker.topology();
+    let messages = drain_queue(&broker, &topology.fanout_queue()).await;
     assert_eq!(messages.len(), 1);
-    let message = DeliveryMessage::from_bytes(&messages[0].data).unwrap();
-    assert_eq!(header_int(&messages[0].properties, ATTEMPT_HEADER), Some(1));
-    assert_eq!(
-        header_str(&messages[0].properties, WEBHOOK_HEADER),
-        Some(webhook.to_string())
-    );
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    let delivery = deliveries::get(&mut conn, message.delivery_id)
+    let message = EventMessage::from_bytes(&messages[0].data).unwrap();
+    assert_eq!(message, event.message());
+    assert_eq!(message.event, EventKind::IncidentOpened);
+    assert_eq!(message.test_webhook_id, None);
+    assert!(drain_queue(&broker, &topology.delivery_queue())
         .await
-        .unwrap();
-    assert_eq!(delivery.event, EventKind::IncidentOpened);
-    assert_eq!(delivery.webhook_id, webhook);
+        .is_empty());
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
     assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 0);
 }
 
-/// A delivery to a webhook marked slow is held in PostgreSQL: nothing reaches the broker for
-/// it. Once the mark has lapsed, new first attempts go to the delivery queue again.
+/// A manual attempt's outbox row goes to the delivery queue with its trigger header, not to the
+/// events exchange.
 #[tokio::test]
-async fn a_delivery_to_a_webhook_marked_slow_sends_nothing_to_the_broker() {
+async fn the_relay_publishes_a_delivery_row_to_the_delivery_queue() {
     let db = TestDb::new().await;
     let prefix = TestPrefix::new();
     let (broker, relay) = broker_and_relay(&db, &prefix);
     let webhook = subscribe(&db).await;
+    let event = open_incident(&db, "manual").await;
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    webhooks::mark_slow(&mut conn, webhook, Duration::from_secs(60))
-        .await
-        .unwrap();
-    open_incident(&db, "marked").await;
-    assert_eq!(relay.drain().await.unwrap(), 0);
+    let delivery_id =
+        create_delivery(&mut conn, event.id, event.kind, event.incident_id, webhook).await;
+    assert_eq!(relay.drain().await.unwrap(), 1, "the event");
     let topology = broker.topology();
-    for queue in [topology.delivery_queue(), topology.deferred_queue()] {
-        assert!(drain_queue(&broker, &queue).await.is_empty(), "{queue}");
-    }
-    assert_eq!(db.count("held_deliveries").await, 1);
-    assert_eq!(db.count("deliveries").await, 0);
-
-    webhooks::mark_slow(&mut conn, webhook, Duration::ZERO)
-        .await
-        .unwrap();
-    open_incident(&db, "after").await;
-    assert_eq!(relay.drain().await.unwrap(), 1);
     assert_eq!(
-        drain_queue(&broker, &topology.delivery_queue()).await.len(),
+        drain_queue(&broker, &topology.fanout_queue()).await.len(),
         1
     );
-}
 
-/// An earlier version wrote the first attempts of a slow webhook's deliveries for the deferral
-/// queue (outbox topic `deferred`); rows it left are still published there.
-#[tokio::test]
-async fn the_relay_publishes_an_earlier_versions_deferred_rows_to_the_deferral_queue() {
-    use diesel_async::RunQueryDsl;
-    let db = TestDb::new().await;
-    let prefix = TestPrefix::new();
-    let (broker, relay) = broker_and_relay(&db, &prefix);
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    let delivery_id = uuid::Uuid::now_v7();
-    diesel::sql_query(format!(
-        "INSERT INTO outbox (topic, headers, payload) VALUES ('deferred', \
-         '{{\"tocsin-attempt\": 1, \"tocsin-trigger\": \"automatic\"}}', \
-         convert_to('{{\"delivery_id\": \"{delivery_id}\"}}', 'UTF8'))"
-    ))
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    assert_eq!(relay.drain().await.unwrap(), 1);
-    let topology = broker.topology();
-    assert!(drain_queue(&broker, &topology.delivery_queue())
+    outbox::enqueue_attempt(&mut conn, &[delivery_id], Trigger::Manual)
+        .await
+        .unwrap();
+    assert_eq!(relay.drain().await.unwrap(), 1, "the manual attempt");
+    let messages = drain_queue(&broker, &topology.delivery_queue()).await;
+    assert_eq!(messages.len(), 1);
+    let message = DeliveryMessage::from_bytes(&messages[0].data).unwrap();
+    assert_eq!(message.delivery_id, delivery_id);
+    assert_eq!(
+        header_str(&messages[0].properties, TRIGGER_HEADER).as_deref(),
+        Some("manual")
+    );
+    assert!(drain_queue(&broker, &topology.fanout_queue())
         .await
         .is_empty());
-    let deferred = drain_queue(&broker, &topology.deferred_queue()).await;
-    assert_eq!(deferred.len(), 1);
-    assert_eq!(header_int(&deferred[0].properties, ATTEMPT_HEADER), Some(1));
-    assert_eq!(
-        DeliveryMessage::from_bytes(&deferred[0].data)
-            .unwrap()
-            .delivery_id,
-        delivery_id
-    );
+    let delivery = deliveries::get(&mut conn, delivery_id).await.unwrap();
+    assert_eq!(delivery.webhook_id, webhook);
+    assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 0);
 }
 
 #[tokio::test]
@@ -326,9 +307,8 @@ async fn the_relay_wakes_on_commit_and_catches_up_after_a_broker_outage() {
     let running = tokio::spawn(relay.clone().run(cancel.clone()));
 
     // Woken by NOTIFY from another connection, with the fallback poll a minute away.
-    subscribe(&db).await;
     open_incident(&db, "first").await;
-    let queue = direct.topology().delivery_queue();
+    let queue = direct.topology().fanout_queue();
     let seen = AtomicUsize::new(0);
     wait_until("the first event published", DEADLINE, || async {
         let n = drain_queue(&direct, &queue).await.len();
@@ -511,6 +491,7 @@ async fn parked_messages_are_listed_in_place_and_replayed_to_their_work_queues()
     };
     let delivery = DeliveryMessage {
         delivery_id: uuid::Uuid::now_v7(),
+        webhook_id: None,
     };
     let mut delivery_headers = amqp::headers_from_json(&serde_json::json!({
         ATTEMPT_HEADER: 2,
@@ -592,6 +573,7 @@ async fn a_message_returned_past_the_delivery_limit_is_parked_with_the_brokers_r
     let topology = broker.topology().clone();
     let delivery = DeliveryMessage {
         delivery_id: uuid::Uuid::now_v7(),
+        webhook_id: None,
     };
     broker
         .publish(Outgoing {

@@ -7,12 +7,10 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use lapin::options::BasicGetOptions;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use tocsin_domain::amqp::messages::DeliveryMessage;
+use tocsin_domain::amqp::messages::EventMessage;
 use tocsin_domain::amqp::Broker;
 use tocsin_domain::config::CommonConfig;
-use tocsin_domain::db::webhooks::{self, NewWebhook};
 use tocsin_domain::db::{outbox, tokens};
-use tocsin_domain::{EventKind, RetrySettings, TargetUrl, WebhookName};
 use tocsin_ingest::Config;
 use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestDb, TestPrefix};
 
@@ -79,19 +77,7 @@ impl TestIngest {
         let running = tokio::spawn(app.run_until_stopped());
         let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
         let (_, token) = tokens::create(&mut conn, "test").await.unwrap();
-        // Every event gets one delivery, whose first attempt is published to the delivery queue.
-        webhooks::create(
-            &mut conn,
-            &NewWebhook {
-                name: WebhookName::parse("observer").unwrap(),
-                url: TargetUrl::parse("https://example.com/").unwrap(),
-                events: EventKind::ALL.into_iter().collect(),
-                retry: RetrySettings::default(),
-                enabled: true,
-            },
-        )
-        .await
-        .unwrap();
+        // No webhook: every event is published to the events exchange whoever subscribes.
         let observer = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix).broker("observer");
         observer.check().await.unwrap();
         TestIngest {
@@ -140,20 +126,20 @@ impl TestIngest {
         self.db.count(table).await
     }
 
-    /// Event kinds whose deliveries were published to the delivery queue so far (one webhook
-    /// subscribes to every kind), with their bodies from the events table.
+    /// Events published to the events exchange so far (read from the fan-out queue), with
+    /// their bodies from the events table.
     async fn published_events(&self) -> Vec<(String, Value)> {
         let channel = self.observer.channel().await.unwrap();
         let mut events = Vec::new();
         while let Some(message) = channel
             .basic_get(
-                self.observer.topology().delivery_queue().as_str().into(),
+                self.observer.topology().fanout_queue().as_str().into(),
                 BasicGetOptions { no_ack: true },
             )
             .await
             .unwrap()
         {
-            let message = DeliveryMessage::from_bytes(&message.delivery.data).unwrap();
+            let message = EventMessage::from_bytes(&message.delivery.data).unwrap();
             #[derive(diesel::QueryableByName)]
             struct Event {
                 #[diesel(sql_type = diesel::sql_types::Text)]
@@ -162,15 +148,17 @@ impl TestIngest {
                 body: String,
             }
             let mut conn = self.conn().await;
-            let event = diesel::sql_query(
-                "SELECT e.kind, e.body FROM deliveries d JOIN events e ON e.id = d.event_id
-                 WHERE d.id = $1",
-            )
-            .bind::<diesel::sql_types::Uuid, _>(message.delivery_id)
-            .load::<Event>(&mut conn)
-            .await
-            .unwrap()
-            .remove(0);
+            let event = diesel::sql_query("SELECT kind, body FROM events WHERE id = $1")
+                .bind::<diesel::sql_types::Uuid, _>(message.event_id)
+                .load::<Event>(&mut conn)
+                .await
+                .unwrap()
+                .remove(0);
+            assert_eq!(
+                event.kind,
+                message.event.as_str(),
+                "the message names the event's kind"
+            );
             events.push((event.kind, serde_json::from_str(&event.body).unwrap()));
         }
         events

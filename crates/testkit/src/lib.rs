@@ -11,6 +11,7 @@
 
 mod broker;
 mod database;
+pub mod deliveries;
 pub mod fuzz;
 mod process;
 mod proxy;
@@ -24,6 +25,18 @@ pub use process::{binary, free_port, wait_ready, ServiceProcess};
 pub use proxy::TcpProxy;
 pub use receiver::{Behavior, Received, Receiver};
 pub use wait::{wait_for, wait_until};
+
+/// Applies the signals of one alert body as ingest does (see
+/// `tocsin_domain::db::incidents::apply_alerts`), answering its outcomes.
+pub async fn apply_signals(
+    conn: &mut diesel_async::AsyncPgConnection,
+    signals: &[tocsin_domain::alerts::AlertSignal],
+    wake: tocsin_domain::db::outbox::Wake,
+) -> Result<Vec<tocsin_domain::db::incidents::SignalOutcome>, tocsin_domain::db::DbError> {
+    let mut outcomes =
+        tocsin_domain::db::incidents::apply_alerts(conn, &[signals.to_vec()], wake).await?;
+    Ok(outcomes.pop().unwrap_or_default())
+}
 
 /// A fast retry schedule for tests (five attempts, well under a second apart).
 pub const FAST_RETRY_DELAYS: &str = "0s,200ms,300ms,400ms,500ms";

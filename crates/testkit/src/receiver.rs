@@ -7,8 +7,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
+use http_body_util::combinators::UnsyncBoxBody as BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Bytes, Frame, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
@@ -28,6 +29,10 @@ pub enum Behavior {
     Close,
     /// Answers 302 to this location.
     Redirect(String),
+    /// Answers the status and the start of a body, then never the rest.
+    SlowBody(u16),
+    /// Answers the status and the start of a body, then (100 ms later) breaks the connection.
+    BrokenBody(u16),
     /// Answers the status with a body of this many bytes (`x` repeated).
     Body(u16, usize),
 }
@@ -162,7 +167,7 @@ impl Receiver {
 async fn handle(
     state: Arc<Mutex<State>>,
     req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, std::io::Error> {
+) -> Result<Response<BoxBody<Bytes, std::io::Error>>, std::io::Error> {
     let at = Instant::now();
     let method = req.method().to_string();
     let path = req.uri().path().to_owned();
@@ -190,9 +195,11 @@ async fn handle(
             .or_else(|| state.default.clone())
             .unwrap_or(Behavior::Status(200));
         let answered = match &behavior {
-            Behavior::Status(status) | Behavior::Delay(_, status) | Behavior::Body(status, _) => {
-                Some(*status)
-            }
+            Behavior::Status(status)
+            | Behavior::Delay(_, status)
+            | Behavior::SlowBody(status)
+            | Behavior::BrokenBody(status)
+            | Behavior::Body(status, _) => Some(*status),
             Behavior::Redirect(_) => Some(302),
             Behavior::Hang | Behavior::Close => None,
         };
@@ -206,12 +213,25 @@ async fn handle(
         });
         behavior
     };
-    let respond = |status: u16| {
-        let mut response = Response::new(Full::new(Bytes::from(format!("answer {status}"))));
+    let with_body = |status: u16, body: BoxBody<Bytes, std::io::Error>| {
+        let mut response = Response::new(body);
         *response.status_mut() =
             hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::OK);
         response
     };
+    let respond = |status: u16| {
+        let body = Full::new(Bytes::from(format!("answer {status}")))
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        with_body(status, body)
+    };
+    // The first part of a body, then `rest` (pending forever, or an error).
+    let partial =
+        |rest: futures::stream::BoxStream<'static, Result<Frame<Bytes>, std::io::Error>>| {
+            use futures::StreamExt;
+            let first = futures::stream::once(async { Ok(Frame::data(Bytes::from("partial "))) });
+            BodyExt::boxed_unsync(StreamBody::new(first.chain(rest)))
+        };
     match behavior {
         Behavior::Status(status) => Ok(respond(status)),
         Behavior::Delay(delay, status) => {
@@ -224,9 +244,22 @@ async fn handle(
         }
         Behavior::Close => Err(std::io::Error::other("closing the connection on purpose")),
         Behavior::Body(status, size) => {
-            let mut response = respond(status);
-            *response.body_mut() = Full::new(Bytes::from(vec![b'x'; size]));
-            Ok(response)
+            let body = Full::new(Bytes::from(vec![b'x'; size]))
+                .map_err(|never| match never {})
+                .boxed_unsync();
+            Ok(with_body(status, body))
+        }
+        Behavior::SlowBody(status) => {
+            let rest = futures::stream::pending();
+            Ok(with_body(status, partial(Box::pin(rest))))
+        }
+        Behavior::BrokenBody(status) => {
+            // After a moment, so that the head and the first part go out before the break.
+            let rest = futures::stream::once(async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Err(std::io::Error::other("breaking the body on purpose"))
+            });
+            Ok(with_body(status, partial(Box::pin(rest))))
         }
         Behavior::Redirect(location) => {
             let mut response = respond(302);

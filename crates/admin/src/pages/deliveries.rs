@@ -86,6 +86,7 @@ pub async fn delivery_log(
                 .next_attempt_at
                 .filter(|_| d.state == DeliveryState::Retrying)
                 .map(When::of),
+            wait_reason: d.wait_reason.map(|reason| reason.describe()),
             attempts: d.attempt_count,
             webhook: show_webhook.then(|| {
                 (
@@ -205,7 +206,16 @@ pub async fn detail(
             number: attempt.number,
             trigger: attempt.trigger.clone(),
             started: When::of(attempt.started_at),
-            success: attempt.success,
+            result: match attempt.success {
+                Some(true) => "succeeded",
+                Some(false) => "failed",
+                None => "under-way",
+            },
+            result_label: match attempt.success {
+                Some(true) => "Succeeded",
+                Some(false) => "Failed",
+                None => "Under way",
+            },
             status_code: attempt.status_code,
             duration_ms: attempt.duration_ms,
             error: attempt
@@ -242,6 +252,7 @@ pub async fn detail(
             .next_attempt_at
             .filter(|_| delivery.state == DeliveryState::Retrying)
             .map(When::of),
+        wait_reason: delivery.wait_reason.map(|reason| reason.describe()),
         created: When::of(delivery.created_at),
         updated: When::of(delivery.updated_at),
         webhook_name: webhook.name.clone(),
@@ -252,9 +263,9 @@ pub async fn detail(
         &DeliveryPage {
             layout: session.layout("deliveries"),
             notice: notice(query.notice.as_deref(), None),
-            retry_action: (delivery.state.is_finished() && retry_blocked.is_none())
+            retry_action: (delivery.state == DeliveryState::Failed && retry_blocked.is_none())
                 .then(|| format!("/settings/deliveries/{}/retry", delivery.id)),
-            retry_blocked: retry_blocked.filter(|_| delivery.state.is_finished()),
+            retry_blocked: retry_blocked.filter(|_| delivery.state == DeliveryState::Failed),
             delivery: summary,
             attempts,
         },

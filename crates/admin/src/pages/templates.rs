@@ -123,6 +123,7 @@ pub fn event_description(kind: EventKind) -> &'static str {
 pub fn state_label(state: DeliveryState) -> &'static str {
     match state {
         DeliveryState::Pending => "Pending",
+        DeliveryState::Waiting => "Waiting",
         DeliveryState::Retrying => "Retrying",
         DeliveryState::Succeeded => "Succeeded",
         DeliveryState::Failed => "Failed",
@@ -304,6 +305,8 @@ pub struct DeliveryRow {
     pub state: &'static str,
     pub state_label: &'static str,
     pub next_attempt: Option<When>,
+    /// Why it is waiting, for people.
+    pub wait_reason: Option<&'static str>,
     pub attempts: i32,
     pub webhook: Option<(String, String)>,
 }
@@ -363,6 +366,8 @@ pub struct DeliverySummary {
     pub attempt_count: i32,
     pub max_attempts: u8,
     pub next_attempt: Option<When>,
+    /// Why it is waiting, for people.
+    pub wait_reason: Option<&'static str>,
     pub created: When,
     pub updated: When,
     pub webhook_name: String,
@@ -374,9 +379,11 @@ pub struct AttemptView {
     pub number: i32,
     pub trigger: String,
     pub started: When,
-    pub success: bool,
+    /// `succeeded`, `failed` or `under-way`.
+    pub result: &'static str,
+    pub result_label: &'static str,
     pub status_code: Option<i32>,
-    pub duration_ms: i32,
+    pub duration_ms: Option<i32>,
     pub error: Option<String>,
     pub headers: Vec<(String, String)>,
     pub payload: String,

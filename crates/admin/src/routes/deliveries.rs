@@ -1,9 +1,9 @@
-//! `/api/v1/deliveries`: the delivery log (SPEC §2.3) and manual retry.
+//! `/api/v1/deliveries`: the delivery log and manual retry.
 
 use actix_web::{web, HttpResponse};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
-use tocsin_domain::db::deliveries::{self as repo, DeliveryFilter, DeliveryState};
+use tocsin_domain::db::deliveries::{self as repo, DeliveryFilter, DeliveryState, WaitReason};
 use tocsin_domain::EventKind;
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -24,9 +24,13 @@ pub struct Delivery {
     pub incident_id: Uuid,
     #[schema(value_type = schema::DeliveryState)]
     pub state: DeliveryState,
+    /// Why the delivery is `waiting` (`null` in any other state).
+    #[schema(value_type = Option<schema::WaitReason>)]
+    pub wait_reason: Option<WaitReason>,
     /// Attempts made so far, automatic and manual.
     pub attempt_count: i32,
-    /// When the next automatic attempt is due (`null` when none is scheduled).
+    /// When the next automatic attempt is due (`null` when none is scheduled). While an
+    /// automatic attempt is under way, when its dispatcher's lease on it ends.
     #[serde(with = "time::serde::rfc3339::option")]
     pub next_attempt_at: Option<OffsetDateTime>,
     #[serde(with = "time::serde::rfc3339")]
@@ -44,6 +48,7 @@ impl From<repo::Delivery> for Delivery {
             event: d.event,
             incident_id: d.incident_id,
             state: d.state,
+            wait_reason: d.wait_reason,
             attempt_count: d.attempt_count,
             next_attempt_at: d.next_attempt_at,
             created_at: d.created_at,
@@ -69,11 +74,13 @@ pub struct Attempt {
     pub trigger: String,
     #[serde(with = "time::serde::rfc3339")]
     pub started_at: OffsetDateTime,
-    /// Whether the target answered 2xx.
-    pub success: bool,
+    /// Whether the target answered 2xx; `null` while the attempt is under way (it is logged
+    /// before its request is sent).
+    pub success: Option<bool>,
     /// The target's HTTP status, when it answered.
     pub status_code: Option<i32>,
-    pub duration_ms: i32,
+    /// `null` while the attempt is under way.
+    pub duration_ms: Option<i32>,
     /// Why the attempt failed (`null` on success).
     #[schema(value_type = Option<schema::AttemptError>)]
     pub error: Option<String>,
@@ -82,7 +89,7 @@ pub struct Attempt {
     /// The request headers sent, signature included.
     #[schema(value_type = Object)]
     pub request_headers: serde_json::Value,
-    /// The JSON body sent (SPEC §2.2), exactly as signed: the same on every attempt.
+    /// The JSON body sent, exactly as signed: the same on every attempt.
     pub request_body: String,
     /// The target's answer, capped (see `response_truncated`).
     pub response_body: Option<String>,
@@ -238,7 +245,7 @@ pub async fn get(
     responses(
         (status = 202, description = "The attempt is enqueued", body = RetryAccepted),
         (status = 404, description = "No such delivery", body = schema::ErrorBody),
-        (status = 409, description = "The delivery's webhook was deleted or is disabled", body = schema::ErrorBody),
+        (status = 409, description = "The delivery succeeded already, or its webhook was deleted or is disabled", body = schema::ErrorBody),
     )
 )]
 pub async fn retry(

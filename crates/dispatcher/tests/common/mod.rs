@@ -15,10 +15,10 @@ use tocsin_domain::db::deliveries::{
     self, Delivery, DeliveryDetail, DeliveryFilter, DeliveryState,
 };
 use tocsin_domain::db::webhooks::{self, NewWebhook, Webhook};
-use tocsin_domain::db::{incidents, outbox, Page};
+use tocsin_domain::db::{outbox, Page};
 use tocsin_domain::relay::OutboxRelay;
 use tocsin_domain::{EventKind, IncidentTitle, RetrySettings, Severity, TargetUrl, WebhookName};
-use tocsin_testkit::{amqp_url, wait_for, TestDb, TestPrefix};
+use tocsin_testkit::{amqp_url, wait_for, wait_until, TestDb, TestPrefix};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -99,11 +99,19 @@ impl Harness {
         AsyncPgConnection::establish(&self.db.url).await.unwrap()
     }
 
-    /// Waits until a dispatcher has marked `webhook` slow in PostgreSQL.
-    pub async fn wait_marked_slow(&self, webhook: Uuid) {
-        let marked = format!("webhooks WHERE id = '{webhook}' AND slow_until > now()");
-        wait_for("the webhook marked slow", DEADLINE, || async {
-            (self.db.count(&marked).await == 1).then_some(())
+    /// Waits until every outbox row is published and the delivery queue has no message left,
+    /// ready or unacked: every attempt asked for so far has been handled.
+    pub async fn wait_drained(&self) {
+        wait_until("the outbox published", DEADLINE, || async {
+            self.db.count("outbox WHERE published_at IS NULL").await == 0
+        })
+        .await;
+        let queue = self.common.topology().delivery_queue();
+        wait_until("the delivery queue drained", DEADLINE, || async {
+            self.prefix
+                .queue_info(&queue)
+                .await
+                .is_some_and(|q| q["messages"] == 0)
         })
         .await;
     }
@@ -141,7 +149,7 @@ impl Harness {
             source: None,
             reply_key: None,
         };
-        incidents::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
+        tocsin_testkit::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
             .await
             .unwrap()[0]
             .incident
@@ -215,4 +223,13 @@ pub async fn metrics(port: u16) -> String {
         .text()
         .await
         .unwrap()
+}
+
+/// An event's id and incident, as read back in tests.
+#[derive(diesel::QueryableByName)]
+pub struct EventRow {
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    pub id: Uuid,
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    pub incident_id: Uuid,
 }

@@ -3,15 +3,13 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+pub use crate::delivery::Trigger;
 use crate::EventKind;
 
 /// Header with the number of the automatic attempt a delivery message asks for (1-based).
 pub const ATTEMPT_HEADER: &str = "tocsin-attempt";
 /// Header saying who asked for the attempt: `automatic` (the default) or `manual`.
 pub const TRIGGER_HEADER: &str = "tocsin-trigger";
-/// Header with the id of the webhook a delivery message goes to, where the sender knew it: a
-/// dispatcher defers an attempt to a webhook it finds slow without loading the delivery.
-pub const WEBHOOK_HEADER: &str = "tocsin-webhook";
 /// Header explaining why a message was parked.
 pub const PARKED_REASON_HEADER: &str = "tocsin-parked-reason";
 
@@ -30,6 +28,10 @@ pub struct EventMessage {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeliveryMessage {
     pub delivery_id: Uuid,
+    /// The webhook it goes to, where the sender knew it: the dispatcher takes one of the
+    /// webhook's slots before it claims the attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_id: Option<Uuid>,
 }
 
 macro_rules! json_message {
@@ -45,33 +47,6 @@ macro_rules! json_message {
     )*};
 }
 json_message!(EventMessage, DeliveryMessage);
-
-/// Who asked for an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Trigger {
-    /// The retry schedule.
-    Automatic,
-    /// An operator, from the delivery log.
-    Manual,
-}
-
-impl Trigger {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Trigger::Automatic => "automatic",
-            Trigger::Manual => "manual",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Trigger> {
-        match text {
-            "automatic" => Some(Trigger::Automatic),
-            "manual" => Some(Trigger::Manual),
-            _ => None,
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -91,21 +66,12 @@ mod tests {
             .contains("test_webhook_id"));
         let delivery = DeliveryMessage {
             delivery_id: Uuid::now_v7(),
+            webhook_id: Some(Uuid::now_v7()),
         };
         assert_eq!(
             DeliveryMessage::from_bytes(&delivery.to_bytes()).unwrap(),
             delivery
         );
         assert!(DeliveryMessage::from_bytes(b"{}").is_err());
-    }
-
-    #[test]
-    fn triggers_parse() {
-        assert_eq!(Trigger::parse("manual"), Some(Trigger::Manual));
-        assert_eq!(
-            Trigger::parse(Trigger::Automatic.as_str()),
-            Some(Trigger::Automatic)
-        );
-        assert_eq!(Trigger::parse("auto"), None);
     }
 }

@@ -1,10 +1,9 @@
-//! The RabbitMQ topology under one prefix (DESIGN §2):
+//! The RabbitMQ topology under one prefix:
 //!
 //! ```text
 //! <p>.events (direct) --event--> <p>.events.fanout          dispatcher fans out
 //! <p>.deliveries (direct) --delivery--> <p>.deliveries      dispatcher attempts
 //! <p>.retry.<delay>   TTL = delay, dead-letters to <p>.deliveries (one queue per delay)
-//! <p>.deferred        TTL = 5 s, dead-letters to <p>.deliveries (targets at their limit)
 //! <p>.parking (fanout) --> <p>.parking                      what cannot be processed
 //! ```
 //!
@@ -23,10 +22,6 @@ use crate::retry::{format_duration, RetrySchedule};
 pub const EVENT_ROUTING_KEY: &str = "event";
 /// Routing key of attempts on the delivery exchange.
 pub const DELIVERY_ROUTING_KEY: &str = "delivery";
-
-/// How long an attempt waits in the deferral queue when its webhook already has as many
-/// requests in flight as a dispatcher allows one webhook.
-pub const DEFER_DELAY: Duration = Duration::from_secs(5);
 
 /// How many times a work-queue message may be delivered before it is parked.
 pub const DELIVERY_LIMIT: i64 = 20;
@@ -90,10 +85,6 @@ impl Topology {
     pub fn retry_queue(&self, delay: Duration) -> String {
         format!("{}.retry.{}", self.prefix, format_duration(delay))
     }
-    /// Where attempts wait [`DEFER_DELAY`] while their webhook is at its in-flight limit.
-    pub fn deferred_queue(&self) -> String {
-        format!("{}.deferred", self.prefix)
-    }
     /// The distinct non-zero delays of the schedule, shortest first.
     pub fn retry_delays(&self) -> &[Duration] {
         &self.retry_delays
@@ -105,7 +96,6 @@ impl Topology {
             self.fanout_queue(),
             self.delivery_queue(),
             self.parking_queue(),
-            self.deferred_queue(),
         ];
         names.extend(self.retry_delays.iter().map(|d| self.retry_queue(*d)));
         names
@@ -228,13 +218,6 @@ impl Topology {
                 .await?;
             self.bind(channel, &queue, &exchange, key).await?;
         }
-        channel
-            .queue_declare(
-                self.deferred_queue().into(),
-                durable_queue,
-                self.retry_queue_arguments(DEFER_DELAY),
-            )
-            .await?;
         for delay in &self.retry_delays {
             channel
                 .queue_declare(
@@ -295,7 +278,7 @@ mod tests {
         );
         let short: RetrySchedule = "0s,200ms,200ms,1s".parse().unwrap();
         let topology = Topology::new("t1", &short, QueueType::Quorum);
-        assert_eq!(topology.queues().len(), 4 + 2);
+        assert_eq!(topology.queues().len(), 3 + 2);
         assert!(topology.queues().iter().all(|q| q.starts_with("t1.")));
     }
 }

@@ -8,7 +8,6 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::deliveries::{first_attempt_outbox_sql, hold_sql, not_held_sql, uuid_v7_sql};
 use super::outbox::{self, NewEvent, Wake};
 use super::schema::incidents;
 use super::statement::Statement;
@@ -129,20 +128,10 @@ pub fn events_for(incident: &Incident, change: Change, at: OffsetDateTime) -> Ve
     }
 }
 
-/// Applies the signals of one alert body in one transaction, recording their events in the
-/// outbox (`wake` says how relays learn of them). Concurrent signals for the same new key open
-/// one incident.
-pub async fn apply_signals(
-    conn: &mut AsyncPgConnection,
-    signals: &[AlertSignal],
-    wake: Wake,
-) -> Result<Vec<SignalOutcome>, DbError> {
-    let mut outcomes = apply_alerts(conn, &[signals.to_vec()], wake).await?;
-    Ok(outcomes.pop().unwrap_or_default())
-}
-
-/// Applies several alert bodies as [`apply_signals`] does each, in one transaction (one commit
-/// for all: ingest gathers the alerts it receives concurrently). Answers per body.
+/// Applies the signals of several alert bodies in one transaction (one commit for all: ingest
+/// gathers the alerts it receives concurrently), recording their events in the outbox (`wake`
+/// says how relays learn of them). Concurrent signals for the same new key open one incident.
+/// Answers per body.
 pub async fn apply_alerts(
     conn: &mut AsyncPgConnection,
     bodies: &[Vec<AlertSignal>],
@@ -246,6 +235,10 @@ async fn open_all(
     let arrival: Vec<i32> = (0..opening.len())
         .map(|n| i32::try_from(n).unwrap_or(i32::MAX))
         .collect();
+    let messages: Vec<Vec<u8>> = opening
+        .iter()
+        .map(|(_, e)| e.message().to_bytes())
+        .collect();
     let opened: Vec<OpenedId> = Statement::new(OPEN_ALL_SQL)
         .bind::<Array<diesel::sql_types::Uuid>, _>(&ids)
         .bind::<Array<Text>, _>(&dedup_keys)
@@ -257,6 +250,7 @@ async fn open_all(
         .bind::<Array<Text>, _>(&event_bodies)
         .bind::<Array<Int4>, _>(&arrival)
         .bind::<Timestamptz, _>(now)
+        .bind::<Array<diesel::sql_types::Binary>, _>(&messages)
         .load(conn)
         .await?;
     let opened: std::collections::HashSet<Uuid> = opened.into_iter().map(|row| row.id).collect();
@@ -314,19 +308,17 @@ struct OpenedId {
     id: Uuid,
 }
 
-/// Opens an incident for each key without an open one, with its event, a delivery for each
-/// webhook subscribed to `incidents.opened` and the outbox row of each delivery's first attempt
-/// (the fan-out of `outbox::record_events`, for this one kind; a webhook marked slow gets its
-/// pair held instead, see `deliveries::hold_sql`). Keys are inserted in key order
-/// (concurrent batches wait for each other in one order), outbox rows in the order the alerts
-/// came in. The conflict target's predicate is a literal: PostgreSQL must match the partial
-/// index when planning, which a bound parameter does not allow.
-const OPEN_ALL_SQL: &str = concat!(
-    "\
+/// Opens an incident for each key without an open one, with its `incidents.opened` event and
+/// the outbox row that publishes it (`$11`, the event message, one per input row). Keys are
+/// inserted in key order (concurrent batches wait for each other in one order), outbox rows in
+/// the order the alerts came in. The conflict target's predicate is a literal: PostgreSQL must
+/// match the partial index when planning, which a bound parameter does not allow.
+const OPEN_ALL_SQL: &str = "\
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-            $7::uuid[], $8::text[], $9::int4[])
-        AS v(id, dedup_key, title, severity, source, description, event_id, body, arrival)
+            $7::uuid[], $8::text[], $9::int4[], $11::bytea[])
+        AS v(id, dedup_key, title, severity, source, description, event_id, body, arrival,
+            message)
 ), opened AS (
     INSERT INTO incidents
         (id, dedup_key, title, severity, status, source, description, created_at, updated_at)
@@ -337,37 +329,11 @@ WITH input AS (
 ), recorded AS (
     INSERT INTO events (id, kind, incident_id, occurred_at, body)
     SELECT v.event_id, 'incidents.opened', v.id, $10, v.body FROM input v JOIN opened o ON o.id = v.id
-), targets AS (
-    SELECT v.event_id, v.id AS incident_id, w.id AS webhook_id, w.slow_until
-    FROM input v JOIN opened o ON o.id = v.id
-        JOIN webhooks w ON w.deleted_at IS NULL AND w.enabled
-            AND w.events @> ARRAY['incidents.opened']
-), fanned AS (
-    INSERT INTO deliveries
-        (id, webhook_id, event_id, event, incident_id, state, next_attempt_at, created_at,
-         updated_at)
-    SELECT ",
-    uuid_v7_sql!(),
-    ",
-        t.webhook_id, t.event_id, 'incidents.opened', t.incident_id, 'pending', $10, $10, $10
-    FROM targets t
-    WHERE ",
-    not_held_sql!(),
-    "
-    ORDER BY t.event_id, t.webhook_id
-    RETURNING id, event_id, webhook_id
-), ",
-    hold_sql!("$10"),
-    ", queued AS (
-    INSERT INTO outbox (topic, headers, payload)
-    SELECT ",
-    first_attempt_outbox_sql!(),
-    "
-    FROM fanned d JOIN input v ON v.event_id = d.event_id
-    ORDER BY v.arrival, d.webhook_id
+), queued AS (
+    INSERT INTO outbox (topic, payload)
+    SELECT 'event', v.message FROM input v JOIN opened o ON o.id = v.id ORDER BY v.arrival
 )
-SELECT id FROM opened"
-);
+SELECT id FROM opened";
 
 async fn open_incident_for_update(
     conn: &mut AsyncPgConnection,

@@ -101,11 +101,29 @@ impl DbError {
     }
 }
 
-/// A repository function over a batch of items, boxed so that [`run_batch`] can take it.
-pub type BatchFn<T, R> = for<'a> fn(
-    &'a mut AsyncPgConnection,
-    &'a [T],
-) -> futures::future::BoxFuture<'a, Result<Vec<R>, DbError>>;
+/// A repository function over a batch of items, its future boxed so that [`run_batch`] can
+/// take it.
+pub trait BatchFn<T, R>:
+    for<'a> Fn(
+        &'a mut AsyncPgConnection,
+        &'a [T],
+    ) -> futures::future::BoxFuture<'a, Result<Vec<R>, DbError>>
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T, R, F> BatchFn<T, R> for F where
+    F: for<'a> Fn(
+            &'a mut AsyncPgConnection,
+            &'a [T],
+        ) -> futures::future::BoxFuture<'a, Result<Vec<R>, DbError>>
+        + Send
+        + Sync
+        + 'static
+{
+}
 
 /// Runs `batch` over every item on one pooled connection and answers for each item. When the
 /// batch fails for a reason of its own (a violated constraint, bad data), each item is run
@@ -114,7 +132,7 @@ pub type BatchFn<T, R> = for<'a> fn(
 pub async fn run_batch<T, R>(
     pool: &DbPool,
     items: &[T],
-    batch: BatchFn<T, R>,
+    batch: &impl BatchFn<T, R>,
 ) -> Vec<Result<R, DbError>> {
     let all_unavailable = |error: &DbError| -> Vec<Result<R, DbError>> {
         items
@@ -154,16 +172,18 @@ pub fn batcher<T, R>(
     pool: &DbPool,
     max_batch: usize,
     workers: usize,
-    batch: BatchFn<T, R>,
+    batch: impl BatchFn<T, R>,
 ) -> DbBatcher<T, R>
 where
     T: Send + Sync + 'static,
     R: Send + 'static,
 {
     let pool = pool.clone();
+    let batch = std::sync::Arc::new(batch);
     Batcher::start(max_batch, workers, move |items: Vec<T>| {
         let pool = pool.clone();
-        async move { run_batch(&pool, &items, batch).await }
+        let batch = batch.clone();
+        async move { run_batch(&pool, &items, &*batch).await }
     })
 }
 
@@ -270,9 +290,8 @@ pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<DbPool> {
 ///
 /// - `jit = off`: every query here reads or writes a few rows. Costed above `jit_above_cost`
 ///   (which a seq scan of a small table under `enable_seqscan = off` always is), PostgreSQL
-///   compiled the query with LLVM on every call: the held-delivery release, run every second,
-///   took 0.4-2.2 s each time under load instead of 0.3 ms (docs/performance.md, seventh
-///   round).
+///   compiled the query with LLVM on every call: a statement run every second took 0.4-2.2 s
+///   each time under load instead of 0.3 ms.
 ///
 /// Queries that depend on a literal to pick a partial index carry that literal in their text.
 pub const SESSION_SETTINGS: &str =

@@ -1,17 +1,17 @@
-//! The transactional outbox (DESIGN §2): the first attempts of an event's deliveries and manual
-//! retries are written here in the same transaction as the change that caused them; the relay
-//! publishes them to RabbitMQ.
+//! The transactional outbox: incident events and manual retries are written here in the same
+//! transaction as the change that caused them; the relay publishes them to RabbitMQ (events to
+//! the events exchange, where dispatchers fan them out and any other consumer may subscribe).
 
 use diesel::prelude::*;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::deliveries::FAN_OUT_TO_OUTBOX_SQL;
 use super::schema::{events, outbox};
 use super::statement::Statement;
 use super::DbError;
-use crate::amqp::messages::{DeliveryMessage, Trigger};
+use crate::amqp::messages::{DeliveryMessage, EventMessage};
+use crate::delivery::Trigger;
 use crate::{EventKind, EventPayload};
 
 /// PostgreSQL channel notified when outbox rows are committed, so relays wake at once.
@@ -20,15 +20,10 @@ pub const NOTIFY_CHANNEL: &str = "tocsin_outbox";
 /// Where the relay publishes a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Topic {
-    /// To the event exchange, for the dispatcher's fan-out: rows written by an earlier version
-    /// (events now get their deliveries in the transaction that writes them).
+    /// To the events exchange: one incident event, which dispatchers fan out.
     Event,
-    /// To the delivery exchange, for one attempt.
+    /// To the delivery exchange: one attempt of a delivery (a manual retry).
     Delivery,
-    /// To the deferral queue, for one attempt once it has waited there: rows written by an
-    /// earlier version for the first attempt of a delivery to a webhook marked slow (such
-    /// deliveries are now held instead, see `deliveries::release_held`).
-    Deferred,
 }
 
 impl Topic {
@@ -36,7 +31,6 @@ impl Topic {
         match self {
             Topic::Event => "event",
             Topic::Delivery => "delivery",
-            Topic::Deferred => "deferred",
         }
     }
 }
@@ -64,6 +58,16 @@ impl NewEvent {
             test_webhook_id,
         }
     }
+
+    /// The message that announces it on the events exchange.
+    pub fn message(&self) -> EventMessage {
+        EventMessage {
+            event_id: self.id,
+            event: self.kind,
+            incident_id: self.incident_id,
+            test_webhook_id: self.test_webhook_id,
+        }
+    }
 }
 
 /// How relays learn that outbox rows were committed.
@@ -78,7 +82,8 @@ pub enum Wake {
     Caller,
 }
 
-/// Records events and their outbox rows; call inside the transaction of the change.
+/// Records events and the outbox row that publishes each; call inside the transaction of the
+/// change.
 pub async fn record_events(
     conn: &mut AsyncPgConnection,
     new: &[NewEvent],
@@ -104,28 +109,20 @@ pub async fn record_events(
         .values(&event_rows)
         .execute(conn)
         .await?;
-    fan_out(conn, new).await?;
-    wake_relays(conn, wake).await
-}
-
-/// Creates the events' deliveries, one per subscribed webhook (DESIGN §2's fan-out, done in the
-/// transaction that records the events), and the outbox row of each one's first attempt. An
-/// event nobody subscribes to gets no row: nothing is published for it.
-async fn fan_out(conn: &mut AsyncPgConnection, new: &[NewEvent]) -> Result<(), DbError> {
-    use diesel::sql_types::{Array, Nullable, Text, Timestamptz, Uuid as SqlUuid};
-    let ids: Vec<Uuid> = new.iter().map(|e| e.id).collect();
-    let kinds: Vec<&str> = new.iter().map(|e| e.kind.as_str()).collect();
-    let incidents: Vec<Uuid> = new.iter().map(|e| e.incident_id).collect();
-    let tests: Vec<Option<Uuid>> = new.iter().map(|e| e.test_webhook_id).collect();
-    Statement::new(FAN_OUT_TO_OUTBOX_SQL)
-        .bind::<Array<SqlUuid>, _>(&ids)
-        .bind::<Array<Text>, _>(&kinds)
-        .bind::<Array<SqlUuid>, _>(&incidents)
-        .bind::<Array<Nullable<SqlUuid>>, _>(&tests)
-        .bind::<Timestamptz, _>(OffsetDateTime::now_utc())
+    let outbox_rows: Vec<_> = new
+        .iter()
+        .map(|e| {
+            (
+                outbox::topic.eq(Topic::Event.as_str()),
+                outbox::payload.eq(e.message().to_bytes()),
+            )
+        })
+        .collect();
+    diesel::insert_into(outbox::table)
+        .values(&outbox_rows)
         .execute(conn)
         .await?;
-    Ok(())
+    wake_relays(conn, wake).await
 }
 
 /// Tells relays, as `wake` says, about outbox rows written in this transaction.
@@ -152,7 +149,11 @@ pub async fn enqueue_attempt(
             (
                 outbox::topic.eq(Topic::Delivery.as_str()),
                 outbox::headers.eq(headers.clone()),
-                outbox::payload.eq(DeliveryMessage { delivery_id: *id }.to_bytes()),
+                outbox::payload.eq(DeliveryMessage {
+                    delivery_id: *id,
+                    webhook_id: None,
+                }
+                .to_bytes()),
             )
         })
         .collect();
@@ -186,7 +187,6 @@ impl OutboxRow {
         match self.topic.as_str() {
             "event" => Some(Topic::Event),
             "delivery" => Some(Topic::Delivery),
-            "deferred" => Some(Topic::Deferred),
             _ => None,
         }
     }

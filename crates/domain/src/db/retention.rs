@@ -1,5 +1,5 @@
 //! Data lifecycle: finished deliveries (with their attempts), events no delivery refers to any
-//! more (and older than every event a held delivery names) and published outbox rows are
+//! more and published outbox rows are
 //! deleted once older than the retention period. Deletes run in small batches, each its own
 //! short statement that skips locked rows, so the hot tables are never locked for long.
 
@@ -38,19 +38,9 @@ pub async fn prune(
             LIMIT $2 FOR UPDATE SKIP LOCKED)",
     )
     .await?;
-    // A held delivery names its event but is no row of `deliveries` yet: no event as old as
-    // the oldest one held goes. One query per prune, rather than a check per event, which
-    // `held_deliveries`' key (webhook first) cannot serve.
-    let oldest_held: Option<OffsetDateTime> = diesel::select(diesel::dsl::sql::<
-        diesel::sql_types::Nullable<Timestamptz>,
-    >(
-        "(SELECT min(e.occurred_at) FROM held_deliveries h JOIN events e ON e.id = h.event_id)",
-    ))
-    .get_result(conn)
-    .await?;
     let events = batches(
         conn,
-        oldest_held.map_or(cutoff, |oldest| cutoff.min(oldest)),
+        cutoff,
         "DELETE FROM events WHERE id IN (
             SELECT e.id FROM events e
             WHERE e.occurred_at < $1

@@ -52,7 +52,6 @@ diesel::table! {
         created_at -> Timestamptz,
         updated_at -> Timestamptz,
         deleted_at -> Nullable<Timestamptz>,
-        slow_until -> Nullable<Timestamptz>,
     }
 }
 
@@ -69,14 +68,8 @@ diesel::table! {
         next_attempt_at -> Nullable<Timestamptz>,
         created_at -> Timestamptz,
         updated_at -> Timestamptz,
-    }
-}
-
-diesel::table! {
-    held_deliveries (webhook_id, event_id) {
-        webhook_id -> Uuid,
-        event_id -> Uuid,
-        held_at -> Timestamptz,
+        wait_reason -> Nullable<Text>,
+        attempting_until -> Nullable<Timestamptz>,
     }
 }
 
@@ -86,9 +79,9 @@ diesel::table! {
         number -> Int4,
         trigger -> Text,
         started_at -> Timestamptz,
-        success -> Bool,
+        success -> Nullable<Bool>,
         status_code -> Nullable<Int4>,
-        duration_ms -> Int4,
+        duration_ms -> Nullable<Int4>,
         error -> Nullable<Text>,
         error_detail -> Nullable<Text>,
         request_headers -> Jsonb,
@@ -119,7 +112,6 @@ diesel::allow_tables_to_appear_in_same_query!(
     outbox,
     webhooks,
     deliveries,
-    held_deliveries,
     attempts,
     inbound_tokens,
 );

@@ -8,10 +8,9 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::deliveries::{deliveries_from_held_sql, uuid_v7_sql};
 use super::schema::{deliveries, webhooks};
-use super::statement::Statement;
 use super::{Cursor, DbError, Page};
+use crate::delivery::DeliveryState;
 use crate::{EventKind, RetrySettings, TargetUrl, WebhookName, WebhookSecret};
 
 #[derive(Debug, Clone, Queryable, Selectable)]
@@ -119,25 +118,6 @@ pub struct NewWebhook {
 
 fn event_texts(events: &BTreeSet<EventKind>) -> Vec<String> {
     events.iter().map(|e| e.as_str().to_owned()).collect()
-}
-
-/// Marks a webhook slow for `period` from now (the database's clock): meanwhile its new
-/// deliveries are held in PostgreSQL, with no message (see `deliveries::hold_sql` and
-/// `deliveries::release_held`).
-pub async fn mark_slow(
-    conn: &mut AsyncPgConnection,
-    id: Uuid,
-    period: std::time::Duration,
-) -> Result<(), DbError> {
-    let millis = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
-    Statement::new(
-        "UPDATE webhooks SET slow_until = now() + $2 * interval '1 millisecond' WHERE id = $1",
-    )
-    .bind::<diesel::sql_types::Uuid, _>(id)
-    .bind::<diesel::sql_types::BigInt, _>(millis)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// Creates a webhook with a new secret.
@@ -325,54 +305,32 @@ pub async fn delete(conn: &mut AsyncPgConnection, id: Uuid) -> Result<(), DbErro
     .await
 }
 
-/// Marks a webhook's pending and retrying deliveries failed, so no further attempt is made; its
-/// held deliveries become failed deliveries with no attempt, so that the delivery log shows each
-/// event it did not receive.
+/// Fails a webhook's unfinished deliveries that have no automatic attempt under way, so no
+/// further attempt is made (one under way ends as the state machine says, and gets no next
+/// one; a manual attempt under way still records its answer, and a success succeeds it).
 async fn stop_unfinished(
     conn: &mut AsyncPgConnection,
     webhook_id: Uuid,
-    now: OffsetDateTime,
+    _now: OffsetDateTime,
 ) -> Result<(), DbError> {
-    Statement::new(STOP_HELD_SQL)
-        .bind::<diesel::sql_types::Uuid, _>(webhook_id)
-        .bind::<diesel::sql_types::Timestamptz, _>(now)
-        .execute(conn)
-        .await?;
     // Locked in id order first, as everywhere deliveries are locked in bulk, so that this
-    // cannot deadlock with the dispatcher logging a batch of attempts.
+    // cannot deadlock with a dispatcher recording a batch of attempts.
     let unfinished: Vec<Uuid> = deliveries::table
         .filter(deliveries::webhook_id.eq(webhook_id))
-        .filter(deliveries::state.eq_any(["pending", "retrying"]))
+        .filter(deliveries::state.eq_any(DeliveryState::UNFINISHED.map(DeliveryState::as_str)))
         .order(deliveries::id)
         .select(deliveries::id)
         .for_update()
         .load(conn)
         .await?;
-    diesel::update(
-        deliveries::table
-            .filter(deliveries::id.eq_any(&unfinished))
-            .filter(deliveries::state.eq_any(["pending", "retrying"])),
+    super::deliveries::stop(
+        conn,
+        &unfinished,
+        crate::RetrySchedule::specification().attempts(),
     )
-    .set((
-        deliveries::state.eq("failed"),
-        deliveries::next_attempt_at.eq(None::<OffsetDateTime>),
-        deliveries::updated_at.eq(now),
-    ))
-    .execute(conn)
     .await?;
     Ok(())
 }
-
-/// Turns webhook `$1`'s held deliveries into failed ones at `$2` (see [`stop_unfinished`]).
-const STOP_HELD_SQL: &str = concat!(
-    "\
-WITH taken AS (
-    DELETE FROM held_deliveries WHERE webhook_id = $1
-    RETURNING webhook_id, event_id, held_at
-)
-",
-    deliveries_from_held_sql!("failed", "NULL", "$2")
-);
 
 /// Issues a new secret; the old one keeps signing for `grace`.
 pub async fn rotate_secret(

@@ -228,7 +228,7 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     await row.getByRole("link").click();
     await page.getByRole("heading", { level: 1, name: "Delivery of incidents.opened" }).waitFor();
     const attempt = page.locator('[data-attempt="1"]');
-    assert.equal(await attempt.getAttribute("data-success"), "true");
+    assert.equal(await attempt.getAttribute("data-result"), "succeeded");
     assert.equal(await attempt.getAttribute("data-trigger"), "automatic");
     assert.equal((await attempt.locator("[data-status-code]").textContent()).trim(), "200");
     const payload = await attempt.locator("[data-payload]").textContent();
@@ -267,7 +267,7 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     const attempts = page.locator("[data-attempt]");
     assert.equal(await attempts.count(), 5);
     for (let i = 0; i < 5; i++) {
-      assert.equal(await attempts.nth(i).getAttribute("data-success"), "false");
+      assert.equal(await attempts.nth(i).getAttribute("data-result"), "failed");
       assert.equal((await attempts.nth(i).locator("[data-status-code]").textContent()).trim(), "500");
     }
     assert.equal((await page.locator('[data-attempt="5"] [data-response]').textContent()).trim(), "answer 500");
@@ -292,7 +292,7 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     await page.getByRole("button", { name: "Save changes" }).click();
     await page.goto(failedDeliveryUrl);
     await page.getByRole("button", { name: "Retry" }).click();
-    await page.locator('[data-attempt="7"][data-success="true"]').waitFor();
+    await page.locator('[data-attempt="7"][data-result="succeeded"]').waitFor();
     assert.equal(await text("#retry-status"), "Attempt 7 (manual) succeeded with HTTP 200.");
     assert.equal(await text("[data-delivery-state]"), "Succeeded");
   });

@@ -1,0 +1,205 @@
+//! What the dispatcher's handlers share: connections, limits, batched writers, metrics, and
+//! how a handler settles its message. Built by `startup`, used by every handler.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use tocsin_domain::amqp::messages::{DeliveryMessage, ATTEMPT_HEADER, PARKED_REASON_HEADER};
+use tocsin_domain::amqp::topology::DELIVERY_ROUTING_KEY;
+use tocsin_domain::amqp::{string_header, Broker, Outgoing};
+use tocsin_domain::db::deliveries::{Claim, Completed, Completion, Due, FanOut, FannedOut, Job};
+use tocsin_domain::db::{DbBatcher, DbError, DbPool};
+use tocsin_domain::delivery::Trigger;
+use tocsin_domain::RetrySchedule;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use crate::metrics::DispatcherMetrics;
+use crate::slots::WebhookSlots;
+use crate::ssrf::TargetPolicy;
+
+/// Evaluates `$attempt` (a `Result<T, DbError>` expression) until it succeeds, waiting out
+/// transient database failures; evaluates to `Result<T, Outcome>`.
+macro_rules! retry_db {
+    ($ctx:expr, $attempt:expr) => {{
+        let mut backoff = std::time::Duration::from_millis(100);
+        loop {
+            let result = $attempt;
+            match $ctx.judge(result, &mut backoff).await {
+                Ok(value) => break Ok(value),
+                Err(Some(outcome)) => break Err(outcome),
+                Err(None) => continue,
+            }
+        }
+    }};
+}
+pub(crate) use retry_db;
+
+/// How much longer than its webhook's timeout an automatic attempt's lease lasts: time to
+/// record its outcome. An attempt whose dispatcher has not recorded it when its lease ends is
+/// recorded as interrupted by the sweeper.
+pub(crate) const LEASE_MARGIN: Duration = Duration::from_secs(5);
+
+/// What a handler decided about its message.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Processed: ack.
+    Done,
+    /// Cannot be processed: move to the parking queue with this reason, then ack.
+    Park(String),
+    /// Not processed now (stopping, or the database is unreachable): return to the queue.
+    Requeue,
+}
+
+/// What every handler shares.
+pub(crate) struct Context {
+    pub pool: DbPool,
+    pub broker: Broker,
+    pub schedule: RetrySchedule,
+    pub client: reqwest::Client,
+    pub policy: Arc<TargetPolicy>,
+    pub metrics: DispatcherMetrics,
+    pub response_limit: usize,
+    pub cancel: CancellationToken,
+    /// Requests in flight per webhook.
+    pub slots: Arc<WebhookSlots>,
+    /// Requests in flight in all (`TOCSIN_DISPATCHER_CONCURRENCY`).
+    pub requests: Arc<Semaphore>,
+    /// Attempts this dispatcher started itself (first attempts after a fan-out, waiting
+    /// deliveries taken), drained on stop.
+    pub tasks: TaskTracker,
+    /// Fan-outs of events received concurrently, written by shared statements.
+    pub fanouts: DbBatcher<(FanOut, Arc<[Uuid]>), FannedOut>,
+    /// Attempts claimed concurrently.
+    pub claims: DbBatcher<Claim, Option<Job>>,
+    /// Attempts finished concurrently.
+    pub completions: DbBatcher<Completion, Option<Completed>>,
+    /// Deliveries whose webhook had no room, moved to `waiting` together.
+    pub waits: DbBatcher<Due, bool>,
+    /// Deliveries that can get no more automatic attempt, failed together.
+    pub stops: DbBatcher<Uuid, bool>,
+}
+
+impl Context {
+    /// A message asking for automatic attempt `attempt` of a delivery, through the retry queue
+    /// of `delay` (or the delivery queue at once for a zero delay).
+    pub fn attempt_message(&self, due: &Due, delay: Duration) -> Outgoing {
+        let topology = self.broker.topology();
+        let (exchange, routing_key) = if delay.is_zero() {
+            (
+                topology.deliveries_exchange(),
+                DELIVERY_ROUTING_KEY.to_owned(),
+            )
+        } else {
+            (String::new(), topology.retry_queue(delay))
+        };
+        let mut headers = FieldTable::default();
+        headers.insert(
+            ATTEMPT_HEADER.into(),
+            AMQPValue::LongLongInt(i64::from(due.auto_attempts + 1)),
+        );
+        headers.insert(
+            tocsin_domain::amqp::messages::TRIGGER_HEADER.into(),
+            string_header(Trigger::Automatic.as_str()),
+        );
+        Outgoing {
+            exchange,
+            routing_key,
+            body: DeliveryMessage {
+                delivery_id: due.delivery_id,
+                webhook_id: Some(due.webhook_id),
+            }
+            .to_bytes(),
+            headers,
+        }
+    }
+
+    /// Judges the result of a database operation run by [`retry_db!`]: a value, a permanent
+    /// failure (`Park`), a stop while waiting (`Requeue`), or `None` to try again after a
+    /// backoff (PostgreSQL restarting).
+    pub async fn judge<T>(
+        &self,
+        result: Result<T, DbError>,
+        backoff: &mut Duration,
+    ) -> Result<T, Option<Outcome>> {
+        match result {
+            Ok(value) => Ok(value),
+            Err(DbError::NotFound) => Err(Some(Outcome::Park("not found in the database".into()))),
+            Err(error) if !error.is_transient() => Err(Some(Outcome::Park(error.to_string()))),
+            Err(error) => {
+                tracing::warn!(%error, "database unavailable; waiting");
+                tokio::select! {
+                    _ = self.cancel.cancelled() => return Err(Some(Outcome::Requeue)),
+                    _ = tokio::time::sleep(*backoff) => {}
+                }
+                *backoff = (*backoff * 2).min(Duration::from_secs(5));
+                Err(None)
+            }
+        }
+    }
+
+    /// Acks, parks or requeues a message.
+    pub async fn finish(&self, message: Delivery, outcome: Outcome, queue: &'static str) {
+        let settled = match outcome {
+            Outcome::Done => message.ack(BasicAckOptions::default()).await.map(|_| ()),
+            Outcome::Park(reason) => {
+                self.park(&message, &reason, queue).await;
+                Ok(())
+            }
+            Outcome::Requeue => requeue(&message).await,
+        };
+        if let Err(error) = settled {
+            // The channel is gone: the broker redelivers the message on its own.
+            tracing::debug!(%error, "could not settle a message; the broker will redeliver it");
+        }
+    }
+
+    /// Publishes a copy of `message` to the parking exchange with `reason`, confirmed, then
+    /// acks the original; if the publish fails, returns the original to its queue.
+    async fn park(&self, message: &Delivery, reason: &str, queue: &'static str) {
+        tracing::error!(queue, %reason, "parking a message that cannot be processed");
+        let mut headers = message.properties.headers().clone().unwrap_or_default();
+        headers.insert(
+            ShortString::from(PARKED_REASON_HEADER),
+            string_header(reason),
+        );
+        let published = self
+            .broker
+            .publish(Outgoing {
+                exchange: self.broker.topology().parking_exchange(),
+                routing_key: String::new(),
+                body: message.data.clone(),
+                headers,
+            })
+            .await;
+        let settled = match published {
+            Ok(()) => {
+                self.metrics.parked.with_label_values(&[queue]).inc();
+                message.ack(BasicAckOptions::default()).await.map(|_| ())
+            }
+            Err(error) => {
+                tracing::warn!(%error, "could not park a message; returning it to its queue");
+                requeue(message).await
+            }
+        };
+        if let Err(error) = settled {
+            tracing::debug!(%error, "could not settle a message; the broker will redeliver it");
+        }
+    }
+}
+
+/// Returns a message to its queue.
+async fn requeue(message: &Delivery) -> lapin::Result<()> {
+    message
+        .nack(BasicNackOptions {
+            requeue: true,
+            ..BasicNackOptions::default()
+        })
+        .await
+        .map(|_| ())
+}
