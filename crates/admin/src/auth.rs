@@ -22,36 +22,41 @@ const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 /// Addresses tracked at most; past this, the oldest records are dropped first.
 const TRACKED_ADDRESSES: usize = 10_000;
 
-/// Refuses with 401 (and `WWW-Authenticate: Bearer`) a request without the admin token, and
-/// with 429 (and `Retry-After`) any request from an address that failed too often.
+/// Lets a request with the admin token through, always. Refuses a request without it with 401
+/// (and `WWW-Authenticate: Bearer`), or with 429 (and `Retry-After`) when its address presented
+/// too many wrong tokens lately.
+///
+/// The token is checked before the limiter: behind an ingress every admin shares one address,
+/// so a limit that also refused the right token would let anyone lock every admin out. The
+/// limit only makes an address's wrong guesses cheaper to answer; the admin token's length
+/// (at least 16 characters, random in practice) is what defeats guessing.
 pub async fn require_admin_token(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let address = client_address(req.request());
-    let now = Instant::now();
-    let limiter = req.app_data::<web::Data<FailedAuthLimiter>>().cloned();
-    if let Some(limiter) = &limiter {
-        if let Err(wait) = limiter.check(address, now) {
-            return Err(ApiError::rate_limited(wait.as_secs() + 1).into());
-        }
-    }
     let allowed = req
         .app_data::<web::Data<AdminToken>>()
         .zip(bearer_token(req.request()))
         .is_some_and(|(expected, presented)| expected.matches(presented));
-    if !allowed {
-        // A presented wrong token is a guess; a request with no token at all is not.
-        if let (Some(limiter), Some(_)) = (&limiter, bearer_token(req.request())) {
-            limiter.record_failure(address, now);
-        }
-        return Err(ApiError::unauthorized().into());
+    if allowed {
+        return next.call(req).await;
     }
-    next.call(req).await
+    // A presented wrong token is a guess; a request with no token at all is not.
+    let limiter = req.app_data::<web::Data<FailedAuthLimiter>>().cloned();
+    if let (Some(limiter), Some(_)) = (&limiter, bearer_token(req.request())) {
+        let address = client_address(req.request());
+        let now = Instant::now();
+        if let Err(wait) = limiter.check(address, now) {
+            return Err(ApiError::rate_limited(wait.as_secs() + 1).into());
+        }
+        limiter.record_failure(address, now);
+    }
+    Err(ApiError::unauthorized().into())
 }
 
 /// Failed admin-token attempts (API calls and sign-ins) per client address over the last
-/// minute: past five, the address is refused with 429 until the window passes.
+/// minute: past five, the address's wrong tokens are answered 429 until the window passes.
+/// The right token is never refused.
 pub struct FailedAuthLimiter {
     allowed: usize,
     failures: Mutex<HashMap<IpAddr, VecDeque<Instant>>>,

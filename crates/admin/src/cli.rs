@@ -1,5 +1,5 @@
 //! The operator's command line: `tocsin-admin token ...` (inbound tokens, for bootstrapping and
-//! scripts), `migrate`, `deliveries failed|retry|recover` and `prune`. Only the token goes to
+//! scripts), `migrate`, `deliveries failed|retry|recover`, `prune` and `parked list|replay`. Only the token goes to
 //! stdout on `token create`, so `TOKEN=$(tocsin-admin token create --name x)` captures it;
 //! everything else a command says about itself goes to stderr.
 
@@ -10,7 +10,8 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 use tocsin_domain::db::{self, tokens, DbError, Page};
 
 use crate::config::{
-    DeliveriesAction, DeliveriesArgs, MigrateArgs, PruneArgs, TokenAction, TokenArgs,
+    DeliveriesAction, DeliveriesArgs, MigrateArgs, ParkedAction, ParkedArgs, PruneArgs,
+    TokenAction, TokenArgs,
 };
 use crate::routes::tokens::parse_name;
 
@@ -44,6 +45,57 @@ pub async fn prune(args: PruneArgs) -> anyhow::Result<()> {
         "pruned {} deliveries (with their attempts), {} events, {} outbox rows",
         pruned.deliveries, pruned.events, pruned.outbox
     );
+    Ok(())
+}
+
+/// `tocsin-admin parked ...`: reads and replays the parking queue (needs only `AMQP_URL` and
+/// `TOCSIN_AMQP_PREFIX`).
+pub async fn parked(args: ParkedArgs) -> anyhow::Result<()> {
+    use tocsin_domain::amqp::ParkedBody;
+    let broker = args.common.broker("admin-cli");
+    let queue = broker.topology().parking_queue();
+    let mut out = std::io::stdout().lock();
+    match args.action {
+        ParkedAction::List { limit } => {
+            let parked = broker
+                .parked(limit)
+                .await
+                .context("AMQP_URL: reading the parking queue")?;
+            writeln!(out, "KIND\tID\tREASON\tFROM")?;
+            for message in &parked {
+                let (kind, id) = match &message.body {
+                    ParkedBody::Event(event) => ("event", event.event_id.to_string()),
+                    ParkedBody::Delivery(delivery) => {
+                        ("delivery", delivery.delivery_id.to_string())
+                    }
+                    ParkedBody::Unreadable => ("unreadable", "-".to_owned()),
+                };
+                writeln!(
+                    out,
+                    "{kind}\t{id}\t{}\t{}",
+                    message.reason.as_deref().unwrap_or("-"),
+                    message.from_queue.as_deref().unwrap_or("-")
+                )?;
+            }
+            eprintln!(
+                "{} message(s) parked in {queue} listed; nothing removed",
+                parked.len()
+            );
+        }
+        ParkedAction::Replay { limit } => {
+            let replayed = broker
+                .replay_parked(limit)
+                .await
+                .context("AMQP_URL: replaying the parking queue")?;
+            writeln!(out, "{}", replayed.events + replayed.deliveries)?;
+            eprintln!(
+                "replayed {} event(s) to the fan-out and {} attempt(s) to the delivery queue; \
+                 {} unreadable message(s) left in {queue}",
+                replayed.events, replayed.deliveries, replayed.left
+            );
+        }
+    }
+    broker.close().await;
     Ok(())
 }
 

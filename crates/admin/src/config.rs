@@ -12,7 +12,7 @@
 //! | `TOCSIN_ADMIN_BODY_LIMIT` | `1048576` | largest accepted request body, bytes (1 MiB) |
 //! | `TOCSIN_OUTBOX_POLL` | `1s` | fallback poll of the outbox relay |
 //! | `TOCSIN_HTTP_WORKERS` | CPU count | HTTP worker threads |
-//! | `TOCSIN_ADMIN_AUTH_FAILURES` | `5` | wrong admin tokens (API or sign-in) one client address may present per minute before it gets 429 |
+//! | `TOCSIN_ADMIN_AUTH_FAILURES` | `5` | wrong admin tokens (API or sign-in) one client address may present per minute before its wrong tokens get 429 (the right token is never refused) |
 //! | `TOCSIN_SECURE_COOKIES` | `false` | mark the settings pages' session cookie `Secure` (set it when admin is reached over HTTPS) |
 //!
 //! The operator commands (`tocsin-admin token create --name NAME`, `token list`,
@@ -134,7 +134,8 @@ pub struct Config {
     pub secure_cookies: bool,
 
     /// Wrong admin tokens (API calls or sign-ins) one client address may present per minute
-    /// before its requests are refused with 429 for the rest of the minute.
+    /// before its further wrong tokens are answered 429 for the rest of the minute. The right
+    /// token is never refused.
     #[arg(long, env = "TOCSIN_ADMIN_AUTH_FAILURES", value_name = "TOCSIN_ADMIN_AUTH_FAILURES", default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..))]
     pub auth_failures: u16,
 }
@@ -193,6 +194,36 @@ pub enum Command {
     Deliveries(DeliveriesArgs),
     /// Delete finished deliveries, their attempts and events older than the retention, now.
     Prune(PruneArgs),
+    /// The parking queue (messages that could not be processed): list them, or replay them.
+    Parked(ParkedArgs),
+}
+
+/// `tocsin-admin parked ...`.
+#[derive(Debug, clap::Args)]
+pub struct ParkedArgs {
+    #[command(flatten)]
+    pub common: CommonConfig,
+
+    #[command(subcommand)]
+    pub action: ParkedAction,
+}
+
+/// What to do with parked messages (queue `<TOCSIN_AMQP_PREFIX>.parking`).
+#[derive(Debug, clap::Subcommand)]
+pub enum ParkedAction {
+    /// List parked messages, oldest first, leaving them parked.
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Move parked events back to the fan-out and parked attempts back to the delivery queue
+    /// (fix what parked them first). Unreadable messages stay parked.
+    Replay {
+        /// At most this many.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
 }
 
 /// `tocsin-admin migrate`.

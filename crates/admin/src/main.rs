@@ -18,6 +18,7 @@ async fn main() -> ExitCode {
         Command::Migrate(args) => tocsin_admin::cli::migrate(args).await,
         Command::Deliveries(args) => tocsin_admin::cli::deliveries(args).await,
         Command::Prune(args) => tocsin_admin::cli::prune(args).await,
+        Command::Parked(args) => tocsin_admin::cli::parked(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

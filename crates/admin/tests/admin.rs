@@ -1,6 +1,8 @@
 //! The admin API against the real PostgreSQL and RabbitMQ: every endpoint, every validation
 //! rule, pagination, the outbox rows manual retries and status changes write, the OpenAPI
-//! document, the token CLI and a graceful stop on SIGTERM.
+//! document, every CLI subcommand (tokens, migrate, deliveries, prune, parked messages),
+//! `/readyz` with a dependency unreachable, the failed-token limit that never refuses the right
+//! token, and a graceful stop on SIGTERM.
 
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
@@ -13,6 +15,8 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 use tocsin_admin::Config;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
+use tocsin_domain::amqp::messages::DeliveryMessage;
+use tocsin_domain::amqp::{self, Outgoing};
 use tocsin_domain::config::CommonConfig;
 use tocsin_domain::db::outbox::{self, NewEvent};
 use tocsin_domain::db::tokens;
@@ -360,6 +364,80 @@ async fn every_api_call_needs_the_admin_token_but_the_open_endpoints_do_not() {
         StatusCode::METHOD_NOT_ALLOWED,
         None,
     );
+    admin.stop().await;
+}
+
+/// `GET /readyz`: the status and the JSON body.
+async fn readiness(admin: &TestAdmin) -> (StatusCode, Value) {
+    read(admin.client.get(admin.url("/readyz")).send().await.unwrap()).await
+}
+
+#[tokio::test]
+async fn readyz_answers_503_naming_rabbitmq_when_the_broker_is_unreachable() {
+    // A closed port; the password must not show in the answer.
+    let admin = TestAdmin::start_with(TestDb::new().await, |config| {
+        config.common.amqp_url = "amqp://guest:pw-never-shown@127.0.0.1:1/%2f".into();
+    })
+    .await;
+    let (status, body) = readiness(&admin).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["status"], "not_ready");
+    assert_eq!(body["checks"]["postgres"], "ok");
+    assert!(
+        body["checks"]["rabbitmq"]
+            .as_str()
+            .is_some_and(|e| e != "ok"),
+        "{body}"
+    );
+    assert!(!body.to_string().contains("pw-never-shown"), "{body}");
+    // Alive all the same, and the API that needs only PostgreSQL still answers.
+    let alive = admin
+        .client
+        .get(admin.url("/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(alive.status(), StatusCode::OK);
+    assert_eq!(admin.get("/api/v1/webhooks").await.0, StatusCode::OK);
+    admin.stop().await;
+}
+
+#[tokio::test]
+async fn readyz_answers_503_naming_postgres_when_the_database_is_unreachable() {
+    // Admin migrates at start, so it starts through a proxy that then refuses connections,
+    // like a closed port (the shared server keeps running).
+    let db = TestDb::new().await;
+    let server = db
+        .url
+        .split_once('@')
+        .and_then(|(_, rest)| rest.split_once('/'))
+        .map(|(host, _)| host.to_owned())
+        .expect("host:port in the test database URL");
+    let proxy = TcpProxy::start(&server).await;
+    let proxied = db
+        .url
+        .replacen(&server, &format!("127.0.0.1:{}", proxy.port()), 1);
+    let admin = TestAdmin::start_with(db, |config| config.common.database_url = proxied).await;
+    assert_eq!(readiness(&admin).await.0, StatusCode::OK);
+    proxy.cut();
+    let body = wait_for("readyz to answer 503", DEADLINE, || async {
+        let (status, body) = readiness(&admin).await;
+        (status == StatusCode::SERVICE_UNAVAILABLE).then_some(body)
+    })
+    .await;
+    assert_eq!(body["status"], "not_ready");
+    assert!(
+        body["checks"]["postgres"]
+            .as_str()
+            .is_some_and(|e| e != "ok"),
+        "{body}"
+    );
+    assert_eq!(body["checks"]["rabbitmq"], "ok");
+    proxy.restore();
+    wait_until("readyz to answer 200 again", DEADLINE, || async {
+        readiness(&admin).await.0 == StatusCode::OK
+    })
+    .await;
     admin.stop().await;
 }
 
@@ -1576,6 +1654,221 @@ async fn the_token_cli_prints_a_token_that_ingest_accepts() {
     assert!(output.stdout.is_empty());
 }
 
+/// Messages waiting in the delivery queue.
+async fn waiting(broker: &amqp::Broker) -> u32 {
+    let queue = broker.topology().delivery_queue();
+    broker
+        .queue_depths()
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|(name, n)| (name == queue).then_some(n))
+        .unwrap()
+}
+
+/// Runs the CLI with `env`; (success, stdout, stderr).
+fn cli(env: &[(&str, &str)], args: &[&str]) -> (bool, String, String) {
+    let output = binary(env).args(args).output().unwrap();
+    (
+        output.status.success(),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn every_cli_subcommand_does_its_job() {
+    // migrate: on an empty database it applies every migration, then none.
+    let empty = TestDb::empty().await;
+    let env = [("DATABASE_URL", empty.url.as_str())];
+    let (ok, _, said) = cli(&env, &["migrate"]);
+    assert!(ok, "{said}");
+    assert!(
+        said.contains(&format!(
+            "applied {} migration(s)",
+            tocsin_domain::db::migration_count()
+        )),
+        "{said}"
+    );
+    let (ok, _, said) = cli(&env, &["migrate"]);
+    assert!(ok && said.contains("applied 0 migration(s)"), "{said}");
+    let (ok, _, said) = cli(
+        &[(
+            "DATABASE_URL",
+            "postgres://postgres:pw-not-shown@127.0.0.1:1/x",
+        )],
+        &["migrate"],
+    );
+    assert!(
+        !ok && said.contains("DATABASE_URL") && !said.contains("pw-not-shown"),
+        "{said}"
+    );
+
+    // deliveries failed | retry | recover, against the delivery log of a running admin.
+    let admin = TestAdmin::start().await;
+    let webhook = id_of(&admin.create_webhook("ops").await);
+    let mut conn = admin.conn().await;
+    let (failed, _) = seed_delivery(
+        &mut conn,
+        webhook,
+        EventKind::IncidentOpened,
+        Uuid::now_v7(),
+    )
+    .await;
+    tocsin_testkit::deliveries::mark_failed(&mut conn, failed).await;
+    let (pending, _) = seed_delivery(
+        &mut conn,
+        webhook,
+        EventKind::IncidentOpened,
+        Uuid::now_v7(),
+    )
+    .await;
+    let url = admin.db.url.clone();
+    let env = [("DATABASE_URL", url.as_str())];
+    let (ok, listing, said) = cli(
+        &env,
+        &["deliveries", "failed", "--webhook", &webhook.to_string()],
+    );
+    assert!(ok, "{said}");
+    let lines: Vec<&str> = listing.lines().collect();
+    assert_eq!(lines[0], "ID\tWEBHOOK\tEVENT\tINCIDENT\tATTEMPTS\tUPDATED");
+    assert_eq!(lines.len(), 2, "only the failed delivery: {listing}");
+    assert!(
+        lines[1].starts_with(&format!("{failed}\t{webhook}\tincidents.opened\t")),
+        "{listing}"
+    );
+    assert!(!listing.contains(&pending.to_string()));
+
+    let (ok, _, said) = cli(&env, &["deliveries", "retry", &failed.to_string()]);
+    assert!(
+        ok && said.contains(&format!("enqueued a manual attempt of delivery {failed}")),
+        "{said}"
+    );
+    let rows = admin.manual_retry_outbox_rows().await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].1["delivery_id"], failed.to_string());
+    let (ok, _, said) = cli(&env, &["deliveries", "retry", &Uuid::now_v7().to_string()]);
+    assert!(!ok && said.contains("no delivery"), "{said}");
+
+    let since = rfc3339(OffsetDateTime::now_utc() - time::Duration::hours(1));
+    let (ok, count, said) = cli(
+        &env,
+        &[
+            "deliveries",
+            "recover",
+            "--webhook",
+            &webhook.to_string(),
+            "--since",
+            &since,
+        ],
+    );
+    assert!(ok, "{said}");
+    assert_eq!(count.trim(), "1", "the one failed delivery: {said}");
+    assert_eq!(admin.manual_retry_outbox_rows().await.len(), 2);
+    let (ok, _, said) = cli(
+        &env,
+        &[
+            "deliveries",
+            "recover",
+            "--webhook",
+            &Uuid::now_v7().to_string(),
+            "--since",
+            &since,
+        ],
+    );
+    assert!(!ok && said.contains("no webhook"), "{said}");
+    let (ok, _, said) = cli(
+        &env,
+        &[
+            "deliveries",
+            "recover",
+            "--webhook",
+            &webhook.to_string(),
+            "--since",
+            "yesterday",
+        ],
+    );
+    assert!(!ok && said.contains("RFC 3339"), "{said}");
+
+    // prune: a failed delivery last changed long ago goes, with its attempts; the rest stays.
+    diesel::sql_query(
+        "UPDATE deliveries SET updated_at = now() - interval '40 days' WHERE id = $1",
+    )
+    .bind::<SqlUuid, _>(failed)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let (ok, _, said) = cli(&env, &["prune", "--retention", "30d"]);
+    assert!(ok && said.contains("pruned 1 deliveries"), "{said}");
+    assert_eq!(
+        admin
+            .count(&format!("deliveries WHERE id = '{failed}'"))
+            .await,
+        0
+    );
+    assert_eq!(
+        admin
+            .count(&format!("deliveries WHERE id = '{pending}'"))
+            .await,
+        1
+    );
+
+    // parked list | replay, on this admin's prefix.
+    let amqp = amqp_url();
+    let prefix = admin.prefix.prefix.clone();
+    let env = [
+        ("DATABASE_URL", url.as_str()),
+        ("AMQP_URL", amqp.as_str()),
+        ("TOCSIN_AMQP_PREFIX", prefix.as_str()),
+    ];
+    let broker = CommonConfig::new(&url, &amqp, &prefix).broker("test");
+    let parked = DeliveryMessage {
+        delivery_id: pending,
+        webhook_id: None,
+    };
+    for body in [parked.to_bytes(), b"garbage".to_vec()] {
+        broker
+            .publish(Outgoing {
+                exchange: broker.topology().parking_exchange(),
+                routing_key: String::new(),
+                body,
+                headers: amqp::headers_from_json(&json!({"tocsin-parked-reason": "test"})),
+            })
+            .await
+            .unwrap();
+    }
+    let (ok, listing, said) = cli(&env, &["parked", "list"]);
+    assert!(ok, "{said}");
+    assert_eq!(
+        listing,
+        format!("KIND\tID\tREASON\tFROM\ndelivery\t{pending}\ttest\t-\nunreadable\t-\ttest\t-\n")
+    );
+    // The relay published the attempts this test enqueued; then one more from parking.
+    wait_until("the relay to publish every retry", DEADLINE, || async {
+        admin.count("outbox WHERE published_at IS NULL").await == 0
+    })
+    .await;
+    let before = waiting(&broker).await;
+    let (ok, count, said) = cli(&env, &["parked", "replay"]);
+    assert!(ok, "{said}");
+    assert_eq!(count.trim(), "1", "{said}");
+    assert!(said.contains("1 unreadable message(s) left"), "{said}");
+    let (_, listing, _) = cli(&env, &["parked", "list"]);
+    assert_eq!(
+        listing.lines().count(),
+        2,
+        "only the unreadable one is left: {listing}"
+    );
+    let after = waiting(&broker).await;
+    assert_eq!(
+        after,
+        before + 1,
+        "the attempt is back in the delivery queue"
+    );
+    broker.close().await;
+    admin.stop().await;
+}
+
 #[tokio::test]
 async fn it_refuses_to_serve_without_a_good_admin_token() {
     let db = TestDb::new().await;
@@ -1653,7 +1946,7 @@ async fn sigterm_stops_the_binary_cleanly() {
 }
 
 #[tokio::test]
-async fn repeated_wrong_admin_tokens_are_rate_limited_per_address() {
+async fn wrong_admin_tokens_are_limited_per_address_but_the_right_one_always_passes() {
     let admin = TestAdmin::start().await;
     let client = reqwest::Client::new();
     let call = |token: &'static str| {
@@ -1665,22 +1958,28 @@ async fn repeated_wrong_admin_tokens_are_rate_limited_per_address() {
     for _ in 0..5 {
         assert_eq!(call("wrong-token-wrong-token").await.unwrap().status(), 401);
     }
-    let limited = call("wrong-token-wrong-token").await.unwrap();
-    assert_eq!(limited.status(), 429);
-    let retry_after: u64 = limited.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!((1..=61).contains(&retry_after), "{retry_after}");
-    let body: serde_json::Value = limited.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "rate_limited");
-    // The address is refused for the window, even with the right token: guessing gains nothing.
-    let right = client
+    // Twelve wrong tokens in all from this address: the sixth on are refused with 429.
+    for _ in 5..12 {
+        let limited = call("wrong-token-wrong-token").await.unwrap();
+        assert_eq!(limited.status(), 429);
+        let retry_after: u64 = limited.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=61).contains(&retry_after), "{retry_after}");
+        let body: serde_json::Value = limited.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "rate_limited");
+    }
+    // The right token from the same address is never refused: behind an ingress every admin
+    // shares that address, and a guesser must not lock them out.
+    assert_eq!(call(ADMIN_TOKEN).await.unwrap().status(), 200);
+    // A request without any token is not a guess: 401, not 429.
+    let bare = client
         .get(format!("{}/api/v1/webhooks", admin.base))
-        .bearer_auth(ADMIN_TOKEN)
         .send()
         .await
         .unwrap();
-    assert_eq!(right.status(), 429);
+    assert_eq!(bare.status(), 401);
+    assert_eq!(call("wrong-token-wrong-token").await.unwrap().status(), 429);
 }

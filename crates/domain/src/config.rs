@@ -33,11 +33,12 @@ pub enum LogFormat {
 /// The settings shared by ingest, dispatcher and admin.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CommonConfig {
-    /// PostgreSQL connection URL.
+    /// PostgreSQL connection URL; several hosts in the libpq multi-host form
+    /// (`postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write`).
     #[arg(long, env = "DATABASE_URL", value_name = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, hide_env_values = true)]
     pub database_url: String,
 
-    /// RabbitMQ connection URL.
+    /// RabbitMQ connection URL, or several (a cluster's nodes) separated by commas.
     #[arg(long, env = "AMQP_URL", value_name = "AMQP_URL", default_value = DEFAULT_AMQP_URL, hide_env_values = true)]
     pub amqp_url: String,
 

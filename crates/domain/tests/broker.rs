@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
-use lapin::options::{BasicAckOptions, BasicGetOptions};
+use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions};
 use prometheus::Registry;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
 use tocsin_domain::amqp::messages::{
@@ -430,6 +430,200 @@ async fn a_consumer_keeps_working_after_losing_its_connection() {
     .await;
     cancel.cancel();
     consuming.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_broker_list_skips_unreachable_addresses_and_moves_on_when_a_connection_drops() {
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    let (one, two) = (
+        TcpProxy::start("127.0.0.1:5672").await,
+        TcpProxy::start("127.0.0.1:5672").await,
+    );
+    let mut config = config(&db, &prefix, "0s");
+    config.amqp_url = format!(
+        "amqp://guest:secret-never-printed@127.0.0.1:1/%2f, amqp://guest:guest@127.0.0.1:{}/%2f,amqp://guest:guest@127.0.0.1:{}/%2f",
+        one.port(),
+        two.port()
+    );
+    let broker = config.broker("list");
+    assert!(!format!("{broker:?}").contains("secret-never-printed"));
+    broker.check().await.expect("the second address answers");
+    // The node it uses goes away: the next call connects to another address of the list.
+    one.cut();
+    wait_until(
+        "the broker reconnects through the third address",
+        RECOVERY_DEADLINE,
+        || {
+            let broker = broker.clone();
+            async move { broker.check().await.is_ok() }
+        },
+    )
+    .await;
+    // And round again, past the first (still unreachable) address.
+    one.restore();
+    two.cut();
+    wait_until(
+        "the broker reconnects through the second address",
+        RECOVERY_DEADLINE,
+        || {
+            let broker = broker.clone();
+            async move { broker.check().await.is_ok() }
+        },
+    )
+    .await;
+    broker.close().await;
+}
+
+#[tokio::test]
+async fn parked_messages_are_listed_in_place_and_replayed_to_their_work_queues() {
+    use tocsin_domain::amqp::messages::{EventMessage, PARKED_REASON_HEADER, TRIGGER_HEADER};
+    use tocsin_domain::amqp::{ParkedBody, Replayed};
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    let broker = config(&db, &prefix, "0s").broker("parking");
+    let topology = broker.topology().clone();
+    let event = EventMessage {
+        event_id: uuid::Uuid::now_v7(),
+        event: EventKind::IncidentOpened,
+        incident_id: uuid::Uuid::now_v7(),
+        test_webhook_id: None,
+    };
+    let delivery = DeliveryMessage {
+        delivery_id: uuid::Uuid::now_v7(),
+        webhook_id: None,
+    };
+    let mut delivery_headers = amqp::headers_from_json(&serde_json::json!({
+        ATTEMPT_HEADER: 2,
+        TRIGGER_HEADER: "manual",
+        PARKED_REASON_HEADER: "not found in the database",
+    }));
+    delivery_headers.insert(
+        "x-first-death-reason".into(),
+        amqp::string_header("rejected"),
+    );
+    for (body, headers) in [
+        (event.to_bytes(), Default::default()),
+        (delivery.to_bytes(), delivery_headers),
+        (b"not json".to_vec(), Default::default()),
+    ] {
+        broker
+            .publish(Outgoing {
+                exchange: topology.parking_exchange(),
+                routing_key: String::new(),
+                body,
+                headers,
+            })
+            .await
+            .unwrap();
+    }
+
+    let parked = broker.parked(10).await.unwrap();
+    assert_eq!(parked.len(), 3);
+    assert_eq!(parked[0].body, ParkedBody::Event(event.clone()));
+    assert_eq!(parked[1].body, ParkedBody::Delivery(delivery.clone()));
+    assert_eq!(
+        parked[1].reason.as_deref(),
+        Some("not found in the database")
+    );
+    assert_eq!(parked[2].body, ParkedBody::Unreadable);
+    assert_eq!(
+        broker.parked(10).await.unwrap().len(),
+        3,
+        "listing removes nothing"
+    );
+
+    assert_eq!(
+        broker.replay_parked(10).await.unwrap(),
+        Replayed {
+            events: 1,
+            deliveries: 1,
+            left: 1
+        }
+    );
+    let fanned = drain_queue(&broker, &topology.fanout_queue()).await;
+    assert_eq!(fanned.len(), 1);
+    assert_eq!(EventMessage::from_bytes(&fanned[0].data).unwrap(), event);
+    let attempts = drain_queue(&broker, &topology.delivery_queue()).await;
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(
+        DeliveryMessage::from_bytes(&attempts[0].data).unwrap(),
+        delivery
+    );
+    let properties = &attempts[0].properties;
+    assert_eq!(header_int(properties, ATTEMPT_HEADER), Some(2));
+    assert_eq!(
+        header_str(properties, TRIGGER_HEADER).as_deref(),
+        Some("manual")
+    );
+    assert_eq!(header_str(properties, PARKED_REASON_HEADER), None);
+    assert_eq!(header_str(properties, "x-first-death-reason"), None);
+    let left = broker.parked(10).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].body, ParkedBody::Unreadable);
+    broker.close().await;
+}
+
+#[tokio::test]
+async fn a_message_returned_past_the_delivery_limit_is_parked_with_the_brokers_reason() {
+    use tocsin_domain::amqp::topology::DELIVERY_LIMIT;
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    let broker = config(&db, &prefix, "0s").broker("limit");
+    let topology = broker.topology().clone();
+    let delivery = DeliveryMessage {
+        delivery_id: uuid::Uuid::now_v7(),
+        webhook_id: None,
+    };
+    broker
+        .publish(Outgoing {
+            exchange: topology.deliveries_exchange(),
+            routing_key: DELIVERY_ROUTING_KEY.into(),
+            body: delivery.to_bytes(),
+            headers: Default::default(),
+        })
+        .await
+        .unwrap();
+    // A consumer that crashes on it every time: taken and returned, again and again.
+    let channel = broker.channel().await.unwrap();
+    let mut returned = 0;
+    while let Some(message) = channel
+        .basic_get(
+            topology.delivery_queue().as_str().into(),
+            BasicGetOptions { no_ack: false },
+        )
+        .await
+        .unwrap()
+    {
+        message
+            .delivery
+            .nack(BasicNackOptions {
+                multiple: false,
+                requeue: true,
+            })
+            .await
+            .unwrap();
+        returned += 1;
+        assert!(returned <= DELIVERY_LIMIT + 1, "never parked");
+    }
+    assert_eq!(
+        returned,
+        DELIVERY_LIMIT + 1,
+        "delivered {DELIVERY_LIMIT} times, then parked"
+    );
+    let parked = wait_for("the message in parking", DEADLINE, || async {
+        let parked = broker.parked(10).await.unwrap();
+        (!parked.is_empty()).then_some(parked)
+    })
+    .await;
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].body, amqp::ParkedBody::Delivery(delivery));
+    assert_eq!(parked[0].reason.as_deref(), Some("delivery_limit"));
+    assert_eq!(
+        parked[0].from_queue.as_deref(),
+        Some(topology.delivery_queue().as_str())
+    );
+    broker.close().await;
 }
 
 #[tokio::test]

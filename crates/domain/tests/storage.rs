@@ -2155,6 +2155,22 @@ async fn ping_reports_an_unreachable_database() {
 /// Retention removes old finished deliveries (with their attempts), old events no delivery refers
 /// to unless their outbox row still waits for the relay, and old published outbox rows.
 #[tokio::test]
+async fn a_multi_host_database_url_skips_an_unreachable_host() {
+    let db = TestDb::new().await;
+    let url = db.multi_host_url("127.0.0.1:1");
+    assert!(url.contains("127.0.0.1:1,"), "{url}");
+    assert_eq!(db::migrate(&url).await.unwrap(), 0, "already migrated");
+    let pool = db::pool(&url, 2).unwrap();
+    db::ping(&pool, Duration::from_secs(5)).await.unwrap();
+    // Only unreachable hosts: unavailable, as with one.
+    let nowhere = db::pool("postgres://postgres@127.0.0.1:1,127.0.0.1:2/none", 1).unwrap();
+    let error = db::ping(&nowhere, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(error.is_unavailable(), "{error}");
+}
+
+#[tokio::test]
 async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
     use tocsin_domain::db::retention;
 

@@ -32,6 +32,14 @@ pub struct System {
 impl System {
     /// Starts ingest, dispatcher and admin with the given retry delays.
     pub async fn start(delays: &str) -> System {
+        Self::start_with(delays, |_| {}).await
+    }
+
+    /// Like [`System::start`], with the dispatcher's settings adjusted first.
+    pub async fn start_with(
+        delays: &str,
+        dispatcher: impl FnOnce(&mut tocsin_dispatcher::Config),
+    ) -> System {
         let db = TestDb::new().await;
         let prefix = TestPrefix::new();
         let mut common = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix);
@@ -40,10 +48,11 @@ impl System {
         let ingest = tocsin_ingest::build(tocsin_ingest::Config::for_tests(common.clone()))
             .await
             .expect("ingest");
-        let dispatcher =
-            tocsin_dispatcher::build(tocsin_dispatcher::Config::for_tests(common.clone()))
-                .await
-                .expect("dispatcher");
+        let mut dispatcher_config = tocsin_dispatcher::Config::for_tests(common.clone());
+        dispatcher(&mut dispatcher_config);
+        let dispatcher = tocsin_dispatcher::build(dispatcher_config)
+            .await
+            .expect("dispatcher");
         let admin = tocsin_admin::build(tocsin_admin::Config::for_tests(common, ADMIN_TOKEN))
             .await
             .expect("admin");

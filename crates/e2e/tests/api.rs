@@ -193,3 +193,59 @@ async fn an_admin_acknowledges_and_resolves_and_subscribers_hear_of_it() {
     );
     system.stop().await;
 }
+
+#[tokio::test]
+async fn a_response_body_is_kept_up_to_the_cap_and_marked_when_truncated() {
+    const CAP: usize = 1024;
+    let system = System::start_with(FAST_RETRY_DELAYS, |dispatcher| {
+        dispatcher.response_body_limit = CAP;
+    })
+    .await;
+    let receiver = Receiver::start().await;
+    for (path, size) in [("/exact", CAP), ("/over", CAP + 1), ("/huge", 1024 * 1024)] {
+        receiver.set_path_behavior(path, Behavior::Body(200, size));
+    }
+    let mut webhooks = Vec::new();
+    for path in ["/exact", "/over", "/huge"] {
+        let (status, webhook) = system
+            .api(
+                Method::POST,
+                "/api/v1/webhooks",
+                Some(json!({"name": path, "url": receiver.url(path), "events": ["incidents.opened"]})),
+            )
+            .await;
+        assert_eq!(status, 201, "{webhook}");
+        webhooks.push((path, webhook["id"].as_str().unwrap().to_owned()));
+    }
+    let (status, _) = system
+        .alert(&json!({"title": "Big answers", "dedup_key": "big"}))
+        .await;
+    assert_eq!(status, 202);
+    for (path, webhook) in &webhooks {
+        let delivery = wait_for("a succeeded delivery", DEADLINE, || async {
+            deliveries_of(&system, webhook)
+                .await
+                .into_iter()
+                .find(|d| d["state"] == "succeeded")
+        })
+        .await;
+        let (status, detail) = system
+            .api(
+                Method::GET,
+                &format!("/api/v1/deliveries/{}", delivery["id"].as_str().unwrap()),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{detail}");
+        let attempt = &detail["attempts"][0];
+        let kept = attempt["response_body"].as_str().unwrap();
+        assert_eq!(kept.len(), CAP, "{path}: the body is kept up to the cap");
+        assert!(kept.bytes().all(|b| b == b'x'), "{path}");
+        assert_eq!(
+            attempt["response_truncated"],
+            *path != "/exact",
+            "{path}: marked truncated only when the target sent more"
+        );
+    }
+    system.stop().await;
+}

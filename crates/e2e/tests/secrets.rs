@@ -482,6 +482,16 @@ async fn no_secret_or_token_appears_in_logs_metrics_error_bodies_or_the_database
     let (status, _) = system
         .send("the right token, past the limit", request)
         .await;
+    // The right token is never refused (no lockout behind a shared address); wrong ones still
+    // are.
+    assert_eq!(status, StatusCode::OK);
+    let request = system
+        .client
+        .get(format!("http://127.0.0.1:{}/api/v1/webhooks", system.admin))
+        .bearer_auth(&wrong_admin[0]);
+    let (status, _) = system
+        .send("a wrong admin token, past the limit", request)
+        .await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     let body = format!("{{\"token\":\"{}\"}}", system.admin_token);
     let request = system

@@ -164,6 +164,16 @@ impl TestDb {
         })
     }
 
+    /// This database's URL in the libpq multi-host form, with `hosts` (`host:port`, comma
+    /// separated) listed before the real server and `target_session_attrs=read-write`.
+    pub fn multi_host_url(&self, hosts: &str) -> String {
+        let (scheme, rest) = self.url.split_once("://").expect("a URL");
+        let authority_at = rest.find('@').map_or(0, |at| at + 1);
+        let (user, server) = rest.split_at(authority_at);
+        let separator = if server.contains('?') { '&' } else { '?' };
+        format!("{scheme}://{user}{hosts},{server}{separator}target_session_attrs=read-write")
+    }
+
     /// A pool on this database.
     pub fn pool(&self) -> tocsin_domain::db::DbPool {
         tocsin_domain::db::pool(&self.url, 8).expect("building a pool")

@@ -33,6 +33,8 @@ pub enum Behavior {
     SlowBody(u16),
     /// Answers the status and the start of a body, then (100 ms later) breaks the connection.
     BrokenBody(u16),
+    /// Answers the status with a body of this many bytes (`x` repeated).
+    Body(u16, usize),
 }
 
 /// A request the receiver got.
@@ -196,7 +198,8 @@ async fn handle(
             Behavior::Status(status)
             | Behavior::Delay(_, status)
             | Behavior::SlowBody(status)
-            | Behavior::BrokenBody(status) => Some(*status),
+            | Behavior::BrokenBody(status)
+            | Behavior::Body(status, _) => Some(*status),
             Behavior::Redirect(_) => Some(302),
             Behavior::Hang | Behavior::Close => None,
         };
@@ -240,6 +243,12 @@ async fn handle(
             Ok(respond(200))
         }
         Behavior::Close => Err(std::io::Error::other("closing the connection on purpose")),
+        Behavior::Body(status, size) => {
+            let body = Full::new(Bytes::from(vec![b'x'; size]))
+                .map_err(|never| match never {})
+                .boxed_unsync();
+            Ok(with_body(status, body))
+        }
         Behavior::SlowBody(status) => {
             let rest = futures::stream::pending();
             Ok(with_body(status, partial(Box::pin(rest))))

@@ -7,7 +7,8 @@
 //!   out.
 //! - Every form carries `csrf` = base64url HMAC(key, "csrf." + cookie value), checked on every
 //!   POST; a POST whose `Origin` is present and names another host is refused as well.
-//! - Failed sign-ins are limited per client address: the sixth within a minute answers 429.
+//! - Failed sign-ins are limited per client address: the sixth wrong token within a minute
+//!   answers 429. The right token is checked first and always signs in.
 
 use std::future::{ready, Ready};
 use std::time::Instant;
@@ -207,15 +208,17 @@ pub async fn sign_in(
 ) -> Result<HttpResponse, PageError> {
     check_origin(&req)?;
     let address = crate::auth::client_address(&req);
-    let now = Instant::now();
-    if let Err(wait) = pages.limiter.check(address, now) {
-        return Err(PageError::RateLimited {
-            retry_after: wait.as_secs().max(1),
-        });
-    }
     let form = Form::read(&req, payload, pages.body_limit).await?;
     let presented = form.get("token").unwrap_or_default().trim();
+    // The token first, then the limiter: the right token always signs in (see
+    // `crate::auth::require_admin_token`).
     if !pages.token.matches(presented) {
+        let now = Instant::now();
+        if let Err(wait) = pages.limiter.check(address, now) {
+            return Err(PageError::RateLimited {
+                retry_after: wait.as_secs().max(1),
+            });
+        }
         pages.limiter.record_failure(address, now);
         tracing::warn!(client = %address, "settings sign-in refused: wrong admin token");
         return render(

@@ -1,11 +1,17 @@
 //! RabbitMQ through lapin: a broker handle that (re)connects on demand and declares the
 //! topology, publishes with publisher confirms (a nack or an unroutable return is an error),
 //! and opens manual-ack consumers with a prefetch.
+//!
+//! `AMQP_URL` may list several brokers (the nodes of a cluster), comma-separated. The handle
+//! connects to the first that answers, starting with the one it last used; when that
+//! connection drops, it starts with the next one, so a dead node is skipped at once.
 
 mod consumer;
 pub mod messages;
+pub mod parking;
 pub mod topology;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,10 +24,14 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer
 use tokio::sync::Mutex;
 
 pub use consumer::{run_consumer, ConsumerOptions};
+pub use parking::{Parked, ParkedBody, Replayed};
 pub use topology::{QueueType, Topology};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long declaring the topology on a new connection may take (a cluster electing queue
+/// leaders answers late).
+const SETUP_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Why a broker operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +61,8 @@ pub struct Outgoing {
 struct Live {
     connection: Arc<Connection>,
     publisher: Channel,
+    /// Which of the addresses it is connected to.
+    address: usize,
 }
 
 impl Live {
@@ -66,7 +78,10 @@ pub struct Broker {
 }
 
 struct Inner {
-    url: String,
+    /// The brokers' addresses, in the order `AMQP_URL` lists them.
+    urls: Vec<String>,
+    /// The address tried first on the next connect.
+    preferred: AtomicUsize,
     name: String,
     topology: Topology,
     live: Mutex<Option<Live>>,
@@ -75,18 +90,20 @@ struct Inner {
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Broker")
-            .field("url", &crate::db::redact_url(&self.inner.url))
+            .field("urls", &self.redacted_urls())
             .field("prefix", &self.inner.topology.prefix())
             .finish()
     }
 }
 
 impl Broker {
-    /// A handle that connects on first use. `name` shows in the broker's connection list.
+    /// A handle that connects on first use. `url` is one AMQP URL or several, comma-separated
+    /// (see [`addresses`]). `name` shows in the broker's connection list.
     pub fn new(url: &str, topology: Topology, name: &str) -> Self {
         Broker {
             inner: Arc::new(Inner {
-                url: url.to_owned(),
+                urls: addresses(url),
+                preferred: AtomicUsize::new(0),
                 name: name.to_owned(),
                 topology,
                 live: Mutex::new(None),
@@ -98,38 +115,109 @@ impl Broker {
         &self.inner.topology
     }
 
-    /// The live connection, connecting and declaring the topology when there is none.
+    /// The addresses, passwords hidden, for logs.
+    fn redacted_urls(&self) -> Vec<String> {
+        self.inner
+            .urls
+            .iter()
+            .map(|url| crate::db::redact_url(url))
+            .collect()
+    }
+
+    /// The live connection, connecting and declaring the topology when there is none. Tries
+    /// each address once, from the preferred one on.
     async fn live(&self) -> Result<Live, BrokerError> {
         let mut guard = self.inner.live.lock().await;
-        if let Some(live) = guard.as_ref().filter(|live| live.healthy()) {
-            return Ok(live.clone());
+        if let Some(live) = guard.as_ref() {
+            if live.healthy() {
+                return Ok(live.clone());
+            }
+            // The connection dropped: start with another node.
+            self.move_past(live.address);
         }
         *guard = None;
+        let count = self.inner.urls.len();
+        let first = self.inner.preferred.load(Ordering::Relaxed) % count;
+        let mut failures = Vec::new();
+        for address in (first..count).chain(0..first) {
+            match self.connect(address).await {
+                Ok(live) => {
+                    self.inner.preferred.store(address, Ordering::Relaxed);
+                    *guard = Some(live.clone());
+                    return Ok(live);
+                }
+                Err(error) => {
+                    let url = crate::db::redact_url(&self.inner.urls[address]);
+                    if count > 1 {
+                        tracing::warn!(broker = %url, %error, "cannot connect to this RabbitMQ; trying the next address");
+                    }
+                    failures.push((url, error));
+                }
+            }
+        }
+        match failures.len() {
+            1 => Err(failures.remove(0).1),
+            _ => Err(BrokerError::Connect(
+                failures
+                    .iter()
+                    .map(|(url, error)| format!("{url}: {error}"))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            )),
+        }
+    }
+
+    /// Makes `address + 1` the first address tried next, unless another caller already moved on.
+    fn move_past(&self, address: usize) {
+        let next = (address + 1) % self.inner.urls.len();
+        let _ = self.inner.preferred.compare_exchange(
+            address,
+            next,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Connects to one address, declares the topology and opens the confirming publisher.
+    async fn connect(&self, address: usize) -> Result<Live, BrokerError> {
+        let url = &self.inner.urls[address];
         let properties = ConnectionProperties::default()
             .with_connection_name(LongString::from(self.inner.name.as_str()));
-        let connection = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            Connection::connect(&self.inner.url, properties),
-        )
-        .await
-        .map_err(|_| BrokerError::Timeout)?
-        .map_err(|e| BrokerError::Connect(e.to_string()))?;
-        let publisher = connection.create_channel().await?;
-        self.inner.topology.declare(&publisher).await?;
-        publisher
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
+        let connection =
+            tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url, properties))
+                .await
+                .map_err(|_| BrokerError::Timeout)?
+                .map_err(|e| BrokerError::Connect(e.to_string()))?;
+        let declared = async {
+            let publisher = connection.create_channel().await?;
+            self.inner.topology.declare(&publisher).await?;
+            publisher
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            lapin::Result::Ok(publisher)
+        };
+        let publisher = match tokio::time::timeout(SETUP_TIMEOUT, declared).await {
+            Ok(Ok(publisher)) => publisher,
+            failed => {
+                let _ = connection
+                    .close(200, ShortString::from("setup failed"))
+                    .await;
+                return Err(match failed {
+                    Ok(Err(error)) => error.into(),
+                    _ => BrokerError::Timeout,
+                });
+            }
+        };
         tracing::info!(
-            broker = %crate::db::redact_url(&self.inner.url),
+            broker = %crate::db::redact_url(url),
             prefix = self.inner.topology.prefix(),
             "connected to RabbitMQ and declared the topology"
         );
-        let live = Live {
+        Ok(Live {
             connection: Arc::new(connection),
             publisher,
-        };
-        *guard = Some(live.clone());
-        Ok(live)
+            address,
+        })
     }
 
     /// Forgets a connection that failed, so the next call reconnects.
@@ -140,6 +228,7 @@ impl Broker {
             .is_some_and(|live| Arc::ptr_eq(&live.connection, &failed.connection))
         {
             *guard = None;
+            self.move_past(failed.address);
         }
     }
 
@@ -290,6 +379,23 @@ impl Broker {
     }
 }
 
+/// The broker addresses of an `AMQP_URL`: one URL, or several separated by commas (spaces
+/// around them allowed). A comma inside a password must be percent-encoded (`%2C`). An empty
+/// list yields the one empty address, which fails to connect with lapin's own message.
+pub fn addresses(url: &str) -> Vec<String> {
+    let list: Vec<String> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if list.is_empty() {
+        vec![url.to_owned()]
+    } else {
+        list
+    }
+}
+
 /// A string header.
 pub fn string_header(value: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(value))
@@ -342,6 +448,19 @@ pub fn headers_from_json(value: &serde_json::Value) -> FieldTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn amqp_url_lists_split_on_commas() {
+        assert_eq!(
+            addresses("amqp://guest:guest@127.0.0.1:5672/%2f"),
+            vec!["amqp://guest:guest@127.0.0.1:5672/%2f"]
+        );
+        assert_eq!(
+            addresses("amqp://a@h1:5672/%2f, amqp://a@h2:5673/%2f,,"),
+            vec!["amqp://a@h1:5672/%2f", "amqp://a@h2:5673/%2f"]
+        );
+        assert_eq!(addresses(""), vec![""]);
+    }
 
     #[test]
     fn headers_convert_from_json_and_read_back() {
