@@ -74,7 +74,7 @@ pub(crate) struct Context {
     /// deliveries taken), drained on stop.
     pub tasks: TaskTracker,
     /// Fan-outs of events received concurrently, written by shared statements.
-    pub fanouts: DbBatcher<(FanOut, Arc<[Uuid]>), FannedOut>,
+    pub fanouts: DbBatcher<(FanOut, Arc<[(Uuid, i64)]>), FannedOut>,
     /// Attempts claimed concurrently.
     pub claims: DbBatcher<Claim, Option<Job>>,
     /// Attempts finished concurrently.

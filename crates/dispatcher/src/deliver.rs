@@ -142,12 +142,12 @@ async fn attempt(ctx: &Context, claim: Claim, slot: Option<Slot>, claimed: Claim
     make(ctx, job, slot).await
 }
 
-/// Makes a first attempt claimed with its delivery by the fan-out: takes a slot of its
-/// webhook (it may wait while the webhook answers; one that stopped answering meanwhile does
-/// not hold back an attempt already logged) and a request slot, tells `started`, and makes it.
+/// Makes a first attempt claimed with its delivery by the fan-out: takes a slot of its webhook
+/// in turn (the fan-out claimed no more than the room of a webhook that is not answering, and
+/// the lease covers the wait) and a request slot, tells `started`, and makes it.
 #[tracing::instrument(skip_all, fields(delivery_id = %job.delivery.id, attempt = job.number))]
 pub(crate) async fn make_claimed(ctx: &Context, job: Job, started: Claimed) -> Outcome {
-    let slot = ctx.slots.take(job.webhook.id).await;
+    let slot = ctx.slots.take_in_turn(job.webhook.id).await;
     let Ok(_request) = ctx.requests.acquire().await else {
         return Outcome::Requeue;
     };
@@ -162,6 +162,9 @@ async fn make(ctx: &Context, job: Job, slot: Option<Slot>) -> Outcome {
     let started = OffsetDateTime::now_utc();
     let result = send(ctx, &job, started).await;
     ctx.metrics.in_flight.dec();
+    if let (Some(slot), Some(_)) = (&slot, result.status_code) {
+        slot.answered();
+    }
     drop(slot);
     observe(ctx, &job, &result, started);
 

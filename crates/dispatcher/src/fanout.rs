@@ -33,15 +33,15 @@ async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) ->
         test_webhook_id: event.test_webhook_id,
         redelivered,
     };
-    // Webhooks with no free slot here get their deliveries `waiting` from the start.
-    let busy: Arc<[uuid::Uuid]> = ctx.slots.busy().into();
+    // Deliveries beyond the room of a webhook that is not answering here start `waiting`.
+    let room: Arc<[(uuid::Uuid, i64)]> = ctx.slots.limited_room().into();
     let FannedOut {
         claimed,
         pending,
         waiting,
     } = match retry_db!(
         ctx,
-        db::submit(&ctx.fanouts, (request.clone(), busy.clone())).await
+        db::submit(&ctx.fanouts, (request.clone(), room.clone())).await
     ) {
         Ok(fanned) => fanned,
         Err(outcome) => return outcome,

@@ -2,11 +2,14 @@
 //! hanging target cannot take every attempt a dispatcher may make at once.
 //!
 //! An attempt takes one of its webhook's slots before it is claimed. When none is free, it
-//! waits for one, in turn, for as long as the webhook is answering (one of its requests
-//! finished within the last [`SLOT_WAIT`]): deliveries arrive in bursts, and a target that
-//! answers frees slots within milliseconds. A webhook at its limit that is not answering is
-//! busy: its delivery is `waiting` in the delivery log until a slot is free (`crate::waiting`),
-//! and an attempt waiting here gives up as soon as the webhook stops answering.
+//! waits for one, in turn, for as long as the webhook is answering (one of its requests got an
+//! answer within the last [`SLOT_WAIT`]; a timeout or a broken connection is no answer):
+//! deliveries arrive in bursts, and a target that answers frees slots within milliseconds. A
+//! webhook at its limit that is not answering is busy: its delivery is `waiting` in the
+//! delivery log until a slot is free (`crate::waiting`), and an attempt waiting here gives up as
+//! soon as the webhook stops answering. The fan-out claims first attempts only for the room a
+//! webhook that is not answering has ([`WebhookSlots::limited_room`]); an attempt claimed so
+//! waits for its slot in turn, however long.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,7 +19,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-/// A webhook at its limit none of whose requests finished for this long is busy.
+/// A webhook at its limit none of whose requests got an answer for this long is busy.
 pub(crate) const SLOT_WAIT: Duration = Duration::from_millis(250);
 
 /// Requests in flight per webhook, up to a limit.
@@ -29,13 +32,13 @@ pub(crate) struct WebhookSlots {
 #[derive(Debug)]
 struct Entry {
     slots: Arc<Semaphore>,
-    /// When a request to the webhook last finished.
-    last_freed: Option<Instant>,
+    /// When a request to the webhook last got an answer.
+    last_answer: Option<Instant>,
 }
 
 impl Entry {
     fn answering(&self) -> bool {
-        self.last_freed.is_some_and(|at| at.elapsed() < SLOT_WAIT)
+        self.last_answer.is_some_and(|at| at.elapsed() < SLOT_WAIT)
     }
 }
 
@@ -47,10 +50,11 @@ pub(crate) struct Slot {
     owner: Arc<WebhookSlots>,
 }
 
-impl Drop for Slot {
-    fn drop(&mut self) {
+impl Slot {
+    /// The request made in this slot got an answer (a status line, whatever the status).
+    pub fn answered(&self) {
         if let Some(entry) = self.owner.lock().get_mut(&self.webhook) {
-            entry.last_freed = Some(Instant::now());
+            entry.last_answer = Some(Instant::now());
         }
     }
 }
@@ -72,10 +76,7 @@ impl WebhookSlots {
     pub async fn take(self: &Arc<Self>, webhook: Uuid) -> Option<Slot> {
         let slots = {
             let mut webhooks = self.lock();
-            let entry = webhooks.entry(webhook).or_insert_with(|| Entry {
-                slots: Arc::new(Semaphore::new(self.limit)),
-                last_freed: None,
-            });
+            let entry = self.entry(&mut webhooks, webhook);
             if let Ok(permit) = entry.slots.clone().try_acquire_owned() {
                 return Some(self.slot(permit, webhook));
             }
@@ -97,6 +98,24 @@ impl WebhookSlots {
         }
     }
 
+    /// A slot of `webhook` for an attempt claimed already: in turn, however long it takes (the
+    /// requests in flight end within their timeout).
+    pub async fn take_in_turn(self: &Arc<Self>, webhook: Uuid) -> Option<Slot> {
+        let slots = {
+            let mut webhooks = self.lock();
+            self.entry(&mut webhooks, webhook).slots.clone()
+        };
+        let permit = slots.acquire_owned().await.ok()?;
+        Some(self.slot(permit, webhook))
+    }
+
+    fn entry<'a>(&self, webhooks: &'a mut HashMap<Uuid, Entry>, webhook: Uuid) -> &'a mut Entry {
+        webhooks.entry(webhook).or_insert_with(|| Entry {
+            slots: Arc::new(Semaphore::new(self.limit)),
+            last_answer: None,
+        })
+    }
+
     fn answering(&self, webhook: Uuid) -> bool {
         self.lock().get(&webhook).is_some_and(Entry::answering)
     }
@@ -109,12 +128,14 @@ impl WebhookSlots {
         }
     }
 
-    /// Webhooks busy now: no free slot, and not answering.
-    pub fn busy(&self) -> Vec<Uuid> {
+    /// The free slots of each webhook that is not answering (a webhook that answers gets its
+    /// attempts in turn, however many; one not listed has no limit): how many first attempts
+    /// a fan-out may claim for it now.
+    pub fn limited_room(&self) -> Vec<(Uuid, i64)> {
         self.lock()
             .iter()
-            .filter(|(_, entry)| entry.slots.available_permits() == 0 && !entry.answering())
-            .map(|(id, _)| *id)
+            .filter(|(_, entry)| !entry.answering())
+            .map(|(id, entry)| (*id, entry.slots.available_permits() as i64))
             .collect()
     }
 
@@ -143,66 +164,64 @@ mod tests {
         let webhook = Uuid::now_v7();
         let first = slots.take(webhook).await.expect("a free slot");
         let second = slots.take(webhook).await.expect("a free slot");
-        assert_eq!(slots.busy(), vec![webhook]);
+        assert_eq!(slots.limited_room(), vec![(webhook, 0)]);
         assert_eq!(slots.room(), vec![(webhook, 0)]);
-        // Nothing has finished yet: not answering, so no wait.
+        // Nothing has answered yet: busy, so no wait.
         assert!(slots.take(webhook).await.is_none());
+        // A request that ends without an answer (a timeout) frees its slot but does not make
+        // the webhook answering.
         drop(first);
-        assert_eq!(slots.room(), vec![(webhook, 1)]);
-        let _third = slots.take(webhook).await.expect("the freed slot");
-        assert!(slots.busy().is_empty(), "it has just answered");
-        // An attempt now waits for the next slot, and gets it when one is freed.
+        assert_eq!(slots.limited_room(), vec![(webhook, 1)]);
+        let third = slots.take(webhook).await.expect("the freed slot");
+        assert!(slots.take(webhook).await.is_none(), "still busy");
+        // One answers: the webhook is answering, its room unlimited, and an attempt waits for
+        // the next slot and gets it when one is freed.
+        third.answered();
+        assert!(slots.limited_room().is_empty());
         let waiting = {
             let slots = slots.clone();
             tokio::spawn(async move { slots.take(webhook).await.is_some() })
         };
         tokio::task::yield_now().await;
-        drop(second);
+        drop(third);
         assert!(waiting.await.unwrap());
+        drop(second);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_wait_ends_once_the_webhook_stops_answering() {
         let slots = WebhookSlots::new(1);
         let webhook = Uuid::now_v7();
-        drop(slots.take(webhook).await.expect("a free slot"));
+        let answered = slots.take(webhook).await.expect("a free slot");
+        answered.answered();
+        drop(answered);
         let _held = slots.take(webhook).await.expect("a free slot");
         let waiter = {
             let slots = slots.clone();
             tokio::spawn(async move { slots.take(webhook).await.is_some() })
         };
-        // Nothing finishes: SLOT_WAIT after the last answer, the waiter gives up, and the
+        // Nothing answers: SLOT_WAIT after the last answer, the waiter gives up, and the
         // webhook is busy.
         assert!(!waiter.await.unwrap(), "the wait ends without a slot");
-        assert_eq!(slots.busy(), vec![webhook]);
+        assert_eq!(slots.limited_room(), vec![(webhook, 0)]);
         assert!(slots.take(webhook).await.is_none(), "busy: no wait");
         let other = Uuid::now_v7();
         assert!(slots.take(other).await.is_some(), "other webhooks are free");
     }
 
     #[tokio::test(start_paused = true)]
-    async fn while_the_webhook_answers_a_waiter_waits_past_slot_wait() {
-        let slots = WebhookSlots::new(2);
+    async fn a_claimed_attempt_waits_for_its_slot_in_turn() {
+        let slots = WebhookSlots::new(1);
         let webhook = Uuid::now_v7();
-        let mut held = slots.take(webhook).await.expect("a free slot");
-        let _other = slots.take(webhook).await.expect("a free slot");
-        drop(slots.take(webhook).await); // none free and never answered: busy
-                                         // The webhook answers every 200 ms for a second: a slot is freed and taken again at
-                                         // once by the one ahead, so the waiter waits longer than SLOT_WAIT...
-        drop(held);
-        held = slots.take(webhook).await.expect("the slot just freed");
-        let waiter = {
+        let held = slots.take(webhook).await.expect("a free slot");
+        let claimed = {
             let slots = slots.clone();
-            tokio::spawn(async move { slots.take(webhook).await.is_some() })
+            tokio::spawn(async move { slots.take_in_turn(webhook).await.is_some() })
         };
-        for _ in 0..5 {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            if let Some(entry) = slots.lock().get_mut(&webhook) {
-                entry.last_freed = Some(Instant::now());
-            }
-        }
-        // ...and gets its turn once one is free.
+        // Busy, not answering, for ten seconds: a claimed attempt still waits for its turn.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(!claimed.is_finished());
         drop(held);
-        assert!(waiter.await.unwrap(), "the waiter got a slot");
+        assert!(claimed.await.unwrap(), "it gets the slot once freed");
     }
 }

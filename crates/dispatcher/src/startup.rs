@@ -216,16 +216,16 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
 
 fn fan_out_batch<'a>(
     conn: &'a mut AsyncPgConnection,
-    items: &'a [(FanOut, Arc<[Uuid]>)],
+    items: &'a [(FanOut, Arc<[(Uuid, i64)]>)],
 ) -> BoxFuture<'a, Result<Vec<FannedOut>, DbError>> {
     Box::pin(async move {
         let events: Vec<FanOut> = items.iter().map(|(event, _)| event.clone()).collect();
-        // The latest view of the busy webhooks among the batch's callers.
-        let busy = items.last().map(|(_, busy)| busy.clone());
+        // The latest view of the webhooks' room among the batch's callers.
+        let room = items.last().map(|(_, room)| room.clone());
         let rules = FanOutRules {
             claim: true,
             lease_margin: LEASE_MARGIN,
         };
-        deliveries::fan_out(conn, &events, busy.as_deref().unwrap_or_default(), rules).await
+        deliveries::fan_out(conn, &events, room.as_deref().unwrap_or_default(), rules).await
     })
 }

@@ -729,7 +729,7 @@ async fn a_fan_out_claims_the_first_attempts_of_the_deliveries_it_creates() {
     let fanned = deliveries::fan_out(
         &mut conn,
         &[fan_out_request(&event, false)],
-        &[busy.id],
+        &[(busy.id, 0)],
         rules,
     )
     .await
@@ -2371,7 +2371,8 @@ fn fan_out_request(event: &NewEvent, redelivered: bool) -> FanOut {
 
 /// Fans out one event, as a dispatcher with no room for the webhooks in `busy` does.
 async fn fan_out(conn: &mut AsyncPgConnection, event: &NewEvent, busy: &[Uuid]) -> FannedOut {
-    deliveries::fan_out(conn, &[fan_out_request(event, false)], busy, PENDING)
+    let room: Vec<(Uuid, i64)> = busy.iter().map(|id| (*id, 0)).collect();
+    deliveries::fan_out(conn, &[fan_out_request(event, false)], &room, PENDING)
         .await
         .unwrap()
         .pop()

@@ -142,30 +142,34 @@ pub struct FanOutRules {
     pub lease_margin: Duration,
 }
 
+/// A delivery a fan-out created, with what making its first attempt needs.
 #[derive(QueryableByName)]
 struct CreatedRow {
-    #[diesel(sql_type = SqlUuid)]
-    id: Uuid,
-    #[diesel(sql_type = SqlUuid)]
-    event_id: Uuid,
-    #[diesel(sql_type = SqlUuid)]
-    webhook_id: Uuid,
+    #[diesel(embed)]
+    delivery: DeliveryRow,
+    /// The webhook's row, as JSON.
     #[diesel(sql_type = Text)]
-    state: String,
-    #[diesel(sql_type = Int4)]
-    attempt_count: i32,
+    webhook: String,
+    #[diesel(sql_type = Text)]
+    body: String,
+    #[diesel(sql_type = Timestamptz)]
+    occurred_at: OffsetDateTime,
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    test_webhook_id: Option<Uuid>,
 }
 
 /// Fans out several events with one statement (the dispatcher gathers the events it receives
-/// concurrently; see `sql/fan_out.sql`): deliveries to the webhooks in `busy` start `waiting`,
-/// the others with their first attempt claimed when `rules` say so. An event given twice is
-/// fanned out once.
+/// concurrently; see `sql/fan_out.sql`): `room` lists the webhooks the caller has room for only
+/// so many more attempts to, and the deliveries beyond it start `waiting`; the others start
+/// with their first attempt claimed when `rules` say so. An event given twice is fanned out
+/// once.
 pub async fn fan_out(
     conn: &mut AsyncPgConnection,
     events: &[FanOut],
-    busy: &[Uuid],
+    room: &[(Uuid, i64)],
     rules: FanOutRules,
 ) -> Result<Vec<FannedOut>, DbError> {
+    let (limited, rooms): (Vec<Uuid>, Vec<i64>) = room.iter().copied().unzip();
     let mut first_copy: HashMap<Uuid, usize> = HashMap::new();
     for (index, event) in events.iter().enumerate() {
         first_copy.entry(event.event_id).or_insert(index);
@@ -185,30 +189,36 @@ pub async fn fan_out(
         .bind::<Array<Text>, _>(&kinds)
         .bind::<Array<SqlUuid>, _>(&incidents)
         .bind::<Array<Nullable<SqlUuid>>, _>(&tests)
-        .bind::<Array<SqlUuid>, _>(busy)
+        .bind::<Array<SqlUuid>, _>(&limited)
         .bind::<Bool, _>(rules.claim)
         .bind::<BigInt, _>(millis(rules.lease_margin))
+        .bind::<Array<Int8>, _>(&rooms)
         .load(conn)
         .await?;
     let mut results = vec![FannedOut::default(); events.len()];
-    let claimed: Vec<(Uuid, i32, Trigger)> = created
-        .iter()
-        .filter(|row| row.attempt_count == 1)
-        .map(|row| (row.id, 1, Trigger::Automatic))
-        .collect();
-    let mut jobs = load_jobs(conn, &claimed).await?;
     for row in created {
-        let Some(&index) = first_copy.get(&row.event_id) else {
+        let Some(&index) = first_copy.get(&row.delivery.event_id) else {
             continue;
         };
-        if row.state == DeliveryState::Waiting.as_str() {
+        let delivery: Delivery = row.delivery.try_into()?;
+        if delivery.state == DeliveryState::Waiting {
             results[index].waiting += 1;
-        } else if let Some(job) = jobs.remove(&row.id) {
-            results[index].claimed.push(job);
+        } else if delivery.attempt_count == 1 {
+            let webhook: WebhookRow = serde_json::from_str(&row.webhook)
+                .map_err(|e| DbError::Corrupt(format!("webhook {}: {e}", delivery.webhook_id)))?;
+            results[index].claimed.push(Job {
+                delivery,
+                webhook: webhook.try_into()?,
+                number: 1,
+                trigger: Trigger::Automatic,
+                body: row.body,
+                occurred_at: row.occurred_at,
+                test: row.test_webhook_id.is_some(),
+            });
         } else {
             results[index].pending.push(Due {
-                delivery_id: row.id,
-                webhook_id: row.webhook_id,
+                delivery_id: delivery.id,
+                webhook_id: delivery.webhook_id,
                 auto_attempts: 0,
             });
         }

@@ -13,7 +13,9 @@ use super::{Cursor, DbError, Page};
 use crate::delivery::DeliveryState;
 use crate::{EventKind, RetrySettings, TargetUrl, WebhookName, WebhookSecret};
 
-#[derive(Debug, Clone, Queryable, Selectable)]
+/// A webhook row as stored; also read from `row_to_json(webhooks)` where one statement returns
+/// it beside another table's row.
+#[derive(Debug, Clone, Queryable, Selectable, serde::Deserialize)]
 #[diesel(table_name = webhooks)]
 pub(crate) struct WebhookRow {
     id: Uuid,
@@ -25,9 +27,13 @@ pub(crate) struct WebhookRow {
     enabled: bool,
     secret: String,
     previous_secret: Option<String>,
+    #[serde(with = "time::serde::rfc3339::option")]
     previous_secret_expires_at: Option<OffsetDateTime>,
+    #[serde(with = "time::serde::rfc3339")]
     created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
     updated_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339::option")]
     deleted_at: Option<OffsetDateTime>,
 }
 

@@ -5,23 +5,29 @@
 -- in key order, so that concurrent fan-outs wait for each other's rows in one order. New ids
 -- are UUIDv7s (a millisecond timestamp, then random bits), like those made in Rust.
 --
--- A delivery to a webhook in $5 (those the fanning dispatcher has no room for now) starts
--- `waiting`. When $6 is true, every other delivery starts with its first attempt claimed, as
--- `sql/claim.sql` claims one: counted, leased for the webhook's timeout plus $7 ms, and logged
--- with no outcome yet, in this same statement; the fanning dispatcher makes them. Otherwise
--- they start `pending`.
+-- The fanning dispatcher has room for $8[i] more attempts to webhook $5[i] (any other: no
+-- limit): a delivery beyond its webhook's room starts `waiting`. When $6 is true, every other
+-- delivery starts with its first attempt claimed, as `sql/claim.sql` claims one: counted,
+-- leased for twice the webhook's timeout (time to wait for a slot, then to make the request)
+-- plus $7 ms, and logged with no outcome yet, in this same statement; the fanning dispatcher
+-- makes them. Otherwise they start `pending`.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::uuid[])
         AS v(event_id, kind, incident_id, test_webhook_id)
-), targets AS (
-    SELECT v.event_id, v.kind, v.incident_id, w.id AS webhook_id, w.timeout_ms,
-        w.id = ANY($5) AS busy
+), subscribed AS (
+    SELECT v.event_id, v.kind, v.incident_id, w.id AS webhook_id, w.timeout_ms
     FROM input v JOIN webhooks w
         ON w.deleted_at IS NULL AND w.enabled AND w.events @> ARRAY[v.kind]
     WHERE v.test_webhook_id IS NULL
     UNION ALL
-    SELECT v.event_id, v.kind, v.incident_id, w.id, w.timeout_ms, w.id = ANY($5)
+    SELECT v.event_id, v.kind, v.incident_id, w.id, w.timeout_ms
     FROM input v JOIN webhooks w ON w.id = v.test_webhook_id AND w.deleted_at IS NULL
+), targets AS (
+    SELECT s.*,
+        row_number() OVER (PARTITION BY s.webhook_id ORDER BY s.event_id)
+            > coalesce(r.room, 9223372036854775807) AS busy
+    FROM subscribed s LEFT JOIN unnest($5::uuid[], $8::int8[]) AS r(webhook_id, room)
+        ON r.webhook_id = s.webhook_id
 ), created AS (
     INSERT INTO deliveries
         (id, webhook_id, event_id, event, incident_id, state, wait_reason, attempt_count,
@@ -36,16 +42,18 @@ WITH input AS (
         CASE WHEN $6 AND NOT t.busy THEN 1 ELSE 0 END,
         CASE WHEN $6 AND NOT t.busy THEN 1 ELSE 0 END,
         CASE WHEN $6 AND NOT t.busy
-            THEN now() + (t.timeout_ms + $7) * interval '1 millisecond' END,
+            THEN now() + (2 * t.timeout_ms + $7) * interval '1 millisecond' END,
         CASE WHEN $6 AND NOT t.busy
-            THEN now() + (t.timeout_ms + $7) * interval '1 millisecond' ELSE now() END,
+            THEN now() + (2 * t.timeout_ms + $7) * interval '1 millisecond' ELSE now() END,
         now(), now()
     FROM targets t
     ORDER BY t.event_id, t.webhook_id
     ON CONFLICT (event_id, webhook_id) DO NOTHING
-    RETURNING id, event_id, webhook_id, state, attempt_count
+    RETURNING *
 ), logged AS (
     INSERT INTO attempts (delivery_id, number, trigger, started_at, request_headers)
     SELECT c.id, 1, 'automatic', now(), '{}'::jsonb FROM created c WHERE c.attempt_count = 1
 )
-SELECT id, event_id, webhook_id, state, attempt_count FROM created
+-- Everything making a claimed attempt needs, so that no second query loads it.
+SELECT c.*, row_to_json(w)::text AS webhook, e.body, e.occurred_at, e.test_webhook_id
+FROM created c JOIN webhooks w ON w.id = c.webhook_id JOIN events e ON e.id = c.event_id
