@@ -56,6 +56,10 @@ pub(crate) enum Outcome {
     Requeue,
 }
 
+/// An event to fan out, with the room the dispatcher has for each webhook that is not
+/// answering (see `crate::slots::WebhookSlots::limited_room`).
+pub(crate) type FanOutRequest = (FanOut, Arc<[(Uuid, i64)]>);
+
 /// What every handler shares.
 pub(crate) struct Context {
     pub pool: DbPool,
@@ -74,7 +78,7 @@ pub(crate) struct Context {
     /// deliveries taken), drained on stop.
     pub tasks: TaskTracker,
     /// Fan-outs of events received concurrently, written by shared statements.
-    pub fanouts: DbBatcher<(FanOut, Arc<[(Uuid, i64)]>), FannedOut>,
+    pub fanouts: DbBatcher<FanOutRequest, FannedOut>,
     /// Attempts claimed concurrently.
     pub claims: DbBatcher<Claim, Option<Job>>,
     /// Attempts finished concurrently.

@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::config::Config;
-use crate::context::{Context, LEASE_MARGIN};
+use crate::context::{Context, FanOutRequest, LEASE_MARGIN};
 use crate::metrics::DispatcherMetrics;
 use crate::slots::WebhookSlots;
 use crate::ssrf::{GuardedResolver, TargetPolicy};
@@ -216,7 +216,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
 
 fn fan_out_batch<'a>(
     conn: &'a mut AsyncPgConnection,
-    items: &'a [(FanOut, Arc<[(Uuid, i64)]>)],
+    items: &'a [FanOutRequest],
 ) -> BoxFuture<'a, Result<Vec<FannedOut>, DbError>> {
     Box::pin(async move {
         let events: Vec<FanOut> = items.iter().map(|(event, _)| event.clone()).collect();
