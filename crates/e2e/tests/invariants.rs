@@ -311,6 +311,34 @@ impl System {
         serde_json::from_str(&text).unwrap_or(Value::Null)
     }
 
+    /// One of the `newest` deliveries of the log, chosen by `pick`.
+    async fn pick_delivery(&self, pick: u64, newest: usize) -> Option<String> {
+        let log = self
+            .admin("GET", &format!("/api/v1/deliveries?limit={newest}"), None)
+            .await;
+        let items = log["items"].as_array().cloned().unwrap_or_default();
+        let item = items.get((pick % items.len().max(1) as u64) as usize)?;
+        Some(item["id"].as_str()?.to_owned())
+    }
+
+    /// An operator pressing retry on delivery `id`: accepted, or refused as the delivery or its
+    /// webhook no longer allows it.
+    fn retry(&self, id: String) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (client, port) = (self.client.clone(), self.admin_port);
+        async move {
+            let answer = client
+                .post(format!(
+                    "http://127.0.0.1:{port}/api/v1/deliveries/{id}/retry"
+                ))
+                .bearer_auth(ADMIN_TOKEN)
+                .send()
+                .await
+                .expect("the admin API answers");
+            let status = answer.status().as_u16();
+            assert!(status == 202 || status == 409, "retry answered {status}");
+        }
+    }
+
     /// Sends `n` alerts from four senders: mostly new incidents, some resolving earlier ones.
     async fn burst(&self, n: usize, rng: &mut Rng, next_key: &mut usize) -> usize {
         let mut bodies = Vec::with_capacity(n);
@@ -478,27 +506,9 @@ async fn run(seed: u64) -> Vec<String> {
             Action::Burst(n) => accepted += system.burst(n, &mut rng, &mut next_key).await,
             Action::Target(behavior) => system.target.set_behavior(behavior),
             Action::Retries { pick, n } => {
-                let log = system
-                    .admin("GET", "/api/v1/deliveries?limit=50", None)
-                    .await;
-                let items = log["items"].as_array().cloned().unwrap_or_default();
-                if let Some(item) = items.get((pick % items.len().max(1) as u64) as usize) {
-                    let id = item["id"].as_str().unwrap().to_owned();
+                if let Some(id) = system.pick_delivery(pick, 50).await {
                     for _ in 0..n {
-                        let (client, port, id) =
-                            (system.client.clone(), system.admin_port, id.clone());
-                        retries.spawn(async move {
-                            let answer = client
-                                .post(format!(
-                                    "http://127.0.0.1:{port}/api/v1/deliveries/{id}/retry"
-                                ))
-                                .bearer_auth(ADMIN_TOKEN)
-                                .send()
-                                .await
-                                .expect("the admin API answers");
-                            let status = answer.status().as_u16();
-                            assert!(status == 202 || status == 409, "retry answered {status}");
-                        });
+                        retries.spawn(system.retry(id.clone()));
                     }
                 }
             }
@@ -507,25 +517,11 @@ async fn run(seed: u64) -> Vec<String> {
                 system
                     .target
                     .set_behavior(Behavior::Delay(Duration::from_millis(400), 500));
-                let log = system
-                    .admin("GET", "/api/v1/deliveries?limit=20", None)
-                    .await;
-                let items = log["items"].as_array().cloned().unwrap_or_default();
-                if let Some(item) = items.get((pick % items.len().max(1) as u64) as usize) {
-                    let id = item["id"].as_str().unwrap().to_owned();
-                    let (client, port) = (system.client.clone(), system.admin_port);
+                if let Some(id) = system.pick_delivery(pick, 20).await {
+                    let presses: Vec<_> = (0..14).map(|_| system.retry(id.clone())).collect();
                     retries.spawn(async move {
-                        for _ in 0..14 {
-                            let answer = client
-                                .post(format!(
-                                    "http://127.0.0.1:{port}/api/v1/deliveries/{id}/retry"
-                                ))
-                                .bearer_auth(ADMIN_TOKEN)
-                                .send()
-                                .await
-                                .expect("the admin API answers");
-                            let status = answer.status().as_u16();
-                            assert!(status == 202 || status == 409, "retry answered {status}");
+                        for press in presses {
+                            press.await;
                             tokio::time::sleep(Duration::from_millis(150)).await;
                         }
                     });
