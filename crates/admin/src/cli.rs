@@ -136,6 +136,9 @@ pub async fn deliveries(args: DeliveriesArgs) -> anyhow::Result<()> {
                 Err(DbError::NotFound) => anyhow::bail!("no delivery {id}"),
                 Err(error) => return Err(error.into()),
             };
+            if delivery.state == tocsin_domain::delivery::DeliveryState::Succeeded {
+                anyhow::bail!("delivery {id} succeeded already: nothing is retried");
+            }
             let webhook =
                 tocsin_domain::db::webhooks::get_any(&mut conn, delivery.webhook_id).await?;
             if webhook.is_deleted() || !webhook.enabled {

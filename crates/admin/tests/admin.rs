@@ -1749,6 +1749,20 @@ async fn every_cli_subcommand_does_its_job() {
     assert_eq!(rows[0].1["delivery_id"], failed.to_string());
     let (ok, _, said) = cli(&env, &["deliveries", "retry", &Uuid::now_v7().to_string()]);
     assert!(!ok && said.contains("no delivery"), "{said}");
+    // A succeeded delivery is final: the CLI refuses, as the API does.
+    tocsin_testkit::deliveries::record_attempt(
+        &mut conn,
+        pending,
+        tocsin_testkit::deliveries::answered(200),
+    )
+    .await;
+    let (ok, _, said) = cli(&env, &["deliveries", "retry", &pending.to_string()]);
+    assert!(!ok && said.contains("succeeded already"), "{said}");
+    assert_eq!(
+        admin.manual_retry_outbox_rows().await.len(),
+        1,
+        "nothing enqueued"
+    );
 
     let since = rfc3339(OffsetDateTime::now_utc() - time::Duration::hours(1));
     let (ok, count, said) = cli(
