@@ -1,4 +1,4 @@
-//! Settings every service reads (DESIGN §4), parsed once at start by clap from flags with
+//! Settings every service reads, parsed once at start by clap from flags with
 //! environment fallbacks:
 //!
 //! | variable | default |
@@ -56,7 +56,8 @@ pub struct CommonConfig {
     )]
     pub amqp_queue_type: QueueType,
 
-    /// Delays before each automatic attempt; the default is exactly SPEC §8.
+    /// Delays before each automatic attempt; the default is exactly the specification's:
+    /// 0s, 1m, 5m, 30m, 2h.
     #[arg(long, env = "TOCSIN_RETRY_DELAYS", value_name = "TOCSIN_RETRY_DELAYS", default_value = RetrySchedule::DEFAULT_TEXT)]
     pub retry_delays: RetrySchedule,
 

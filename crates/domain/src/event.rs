@@ -1,4 +1,4 @@
-//! Outbound events: their kinds (SPEC §6) and the JSON body sent to targets (SPEC §2.2).
+//! Outbound events: their kinds and the JSON body sent to targets.
 
 use std::fmt;
 use std::str::FromStr;
@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use crate::{IncidentStatus, Severity};
 
-/// The event kinds of SPEC §6, serialised exactly as written there.
+/// The event kinds, serialised exactly as the specification writes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum EventKind {
     #[serde(rename = "incidents.opened")]
@@ -57,19 +57,19 @@ impl fmt::Display for EventKind {
     }
 }
 
-/// `data` of an event (SPEC §2.2): the incident as it is after the change.
+/// `data` of an event: the incident as it is after the change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IncidentData {
     pub id: Uuid,
     pub title: String,
     pub severity: Severity,
     pub status: IncidentStatus,
-    /// Only on `incidents.status_changed` (DESIGN §3).
+    /// Only on `incidents.status_changed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_status: Option<IncidentStatus>,
 }
 
-/// The JSON body POSTed to a target (SPEC §2.2).
+/// The JSON body POSTed to a target.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventPayload {
     pub event: EventKind,

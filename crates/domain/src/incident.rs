@@ -1,4 +1,4 @@
-//! Incidents: their status machine and title (DESIGN §3).
+//! Incidents: their status machine and title.
 
 use std::fmt;
 use std::str::FromStr;

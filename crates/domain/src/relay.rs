@@ -1,4 +1,4 @@
-//! The outbox relay (DESIGN §2): publishes committed outbox rows to RabbitMQ with publisher
+//! The outbox relay: publishes committed outbox rows to RabbitMQ with publisher
 //! confirms and marks them published. It is woken as soon as a transaction commits: in process
 //! through [`OutboxRelay::waker`] (ingest, whose transactions do not `NOTIFY`: PostgreSQL
 //! serialises notifying commits), across processes by PostgreSQL `NOTIFY` (admin's writes), and
@@ -7,8 +7,8 @@
 //!
 //! The relay works on a connection of its own with `synchronous_commit = off`: its only write
 //! is the mark of rows already published and confirmed, and a mark lost in a PostgreSQL crash
-//! means those rows are published again, which attempts absorb (at-least-once,
-//! DESIGN §2). Not waiting for the WAL flush keeps the relay's pass short.
+//! means those rows are published again, which the fan-out absorbs (it creates nothing twice).
+//! Not waiting for the WAL flush keeps the relay's pass short.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The retry schedule of outbound deliveries (SPEC §8): five attempts, the first immediate,
+//! The retry schedule of outbound deliveries: five attempts, the first immediate,
 //! then after 1 minute, 5 minutes, 30 minutes and 2 hours. `TOCSIN_RETRY_DELAYS` may shorten it
 //! for tests and demos.
 
@@ -17,7 +17,7 @@ pub struct RetrySchedule {
 pub enum InvalidSchedule {
     #[error("the schedule must list 1 to 5 delays, comma-separated (e.g. 0s,1m,5m,30m,2h)")]
     Count,
-    #[error("the first delay must be 0s: the first attempt is immediate (SPEC §8)")]
+    #[error("the first delay must be 0s: the first attempt is immediate")]
     FirstNotImmediate,
     #[error(
         "{0:?} is not a delay: use a whole number with ms, s, m, h or d (e.g. 500ms, 30s, 5m, 2h)"
@@ -31,7 +31,7 @@ impl RetrySchedule {
     /// The specification's schedule, as text.
     pub const DEFAULT_TEXT: &'static str = "0s,1m,5m,30m,2h";
 
-    /// Exactly SPEC §8.
+    /// Exactly the specification's: 0s, 1m, 5m, 30m, 2h.
     pub fn specification() -> Self {
         RetrySchedule {
             delays: vec![

@@ -1,4 +1,4 @@
-//! Signing secrets of outbound webhooks (DESIGN §3): `whsec_` followed by the base64 of at
+//! Signing secrets of outbound webhooks: `whsec_` followed by the base64 of at
 //! least 24 random bytes, the Standard Webhooks convention.
 
 use std::fmt;

@@ -1,4 +1,4 @@
-//! Incident severity: `SEV1` (most severe) to `SEV5` (DESIGN §3).
+//! Incident severity: `SEV1` (most severe) to `SEV5`.
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,4 +1,4 @@
-//! Standard Webhooks signatures (DESIGN §3): `webhook-signature: v1,<base64 HMAC-SHA256 of
+//! Standard Webhooks signatures: `webhook-signature: v1,<base64 HMAC-SHA256 of
 //! "{id}.{timestamp}.{body}">`, several space-separated while a rotated secret is in its grace
 //! period.
 

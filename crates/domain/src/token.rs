@@ -1,4 +1,4 @@
-//! Inbound access tokens (DESIGN §3): `tsn_<lookup>_<secret>`. Only the lookup part and a
+//! Inbound access tokens: `tsn_<lookup>_<secret>`. Only the lookup part and a
 //! SHA-256 hash of the whole token are stored; the token is shown once, at creation.
 
 use std::fmt;

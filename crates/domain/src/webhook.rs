@@ -1,4 +1,4 @@
-//! The outbound webhook record's validated fields (SPEC §2.1, DESIGN §3).
+//! The outbound webhook record's validated fields.
 
 use serde::{Deserialize, Serialize};
 use url::Url;
@@ -93,7 +93,7 @@ impl TargetUrl {
     }
 }
 
-/// A webhook's retry settings (DESIGN §3): how many steps of the schedule it uses and how long
+/// A webhook's retry settings: how many steps of the schedule it uses and how long
 /// one attempt may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetrySettings {

@@ -1,4 +1,4 @@
-//! `tocsin-ingest`: the inbound alert endpoint, `POST /api/v1/webhooks/alerts` (SPEC §4.1).
+//! `tocsin-ingest`: the inbound alert endpoint, `POST /api/v1/webhooks/alerts`.
 //! Monitoring tools post their alerts here with a bearer token; each body becomes incident
 //! changes and their events, committed in one transaction with the outbox.
 

@@ -1,5 +1,5 @@
-//! The delivery log (SPEC §2.3): every delivery with its state, filters by state and event,
-//! paging; a delivery's page with every attempt; and the Retry button (SPEC §8 rule 3).
+//! The delivery log: every delivery with its state, filters by state and event,
+//! paging; a delivery's page with every attempt; and the Retry button.
 
 use std::collections::HashMap;
 

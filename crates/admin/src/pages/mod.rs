@@ -1,4 +1,4 @@
-//! The settings pages (SPEC §2.1, §4.3): Settings → Webhooks (list, create, edit, enable,
+//! The settings pages: Settings → Webhooks (list, create, edit, enable,
 //! disable, rotate the secret, send a test event, delete), the delivery log with its attempts
 //! and the Retry button, and incidents — server-rendered HTML under `/settings/`, signed in
 //! with the admin token. They call the same validation (`crate::validation`) and operations

@@ -110,7 +110,7 @@ pub fn schedule_text(schedule: &RetrySchedule, max_attempts: u8) -> String {
     steps.into_iter().take(n).collect::<Vec<_>>().join(", ")
 }
 
-/// What each event kind means (SPEC §6).
+/// What each event kind means.
 pub fn event_description(kind: EventKind) -> &'static str {
     match kind {
         EventKind::IncidentOpened => "a new incident was created",

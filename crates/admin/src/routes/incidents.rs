@@ -1,4 +1,4 @@
-//! `/api/v1/incidents`: reading incidents and moving their status (DESIGN §3), which emits
+//! `/api/v1/incidents`: reading incidents and moving their status, which emits
 //! events through the outbox.
 
 use actix_web::{web, HttpRequest, HttpResponse};

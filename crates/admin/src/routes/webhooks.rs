@@ -1,4 +1,4 @@
-//! `/api/v1/webhooks`: outbound webhooks (SPEC §2.1), their secrets, test events and bulk
+//! `/api/v1/webhooks`: outbound webhooks, their secrets, test events and bulk
 //! recovery of failed deliveries.
 
 use std::collections::BTreeSet;

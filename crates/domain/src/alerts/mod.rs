@@ -1,4 +1,4 @@
-//! Inbound alert formats (DESIGN §3, docs/ingest.md): one endpoint accepts Prometheus
+//! Inbound alert formats (docs/ingest.md): one endpoint accepts Prometheus
 //! Alertmanager, Grafana alerting, PagerDuty Events API v2 and Tocsin's generic JSON. Each body
 //! is parsed into [`AlertSignal`]s, which say what should happen to which incident.
 

@@ -103,7 +103,7 @@ pub struct SignalOutcome {
     pub events: Vec<NewEvent>,
 }
 
-/// The events of DESIGN §3 for a change of `incident` at `at`.
+/// The events of a change of `incident` at `at`.
 pub fn events_for(incident: &Incident, change: Change, at: OffsetDateTime) -> Vec<NewEvent> {
     let event = |kind: EventKind, previous: Option<IncidentStatus>| {
         NewEvent::new(
@@ -462,7 +462,7 @@ impl From<diesel::result::Error> for StatusChangeError {
     }
 }
 
-/// Moves an incident to `to` (DESIGN §3 rules) and records its events, in one transaction.
+/// Moves an incident to `to` and records its events, in one transaction.
 /// Asking for the status the incident already has changes nothing and emits nothing (so a
 /// repeated request is harmless), even for a resolved incident.
 pub async fn change_status(

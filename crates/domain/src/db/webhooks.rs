@@ -1,4 +1,4 @@
-//! Outbound webhooks: the configuration records of SPEC §2.1 with their signing secrets.
+//! Outbound webhooks: the configuration records with their signing secrets.
 
 use std::collections::BTreeSet;
 
