@@ -127,18 +127,49 @@ pub struct NewWebhook {
 }
 
 /// Retry settings in a request; a field left out takes its default at creation and keeps its
-/// value in a change.
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+/// value in a change. Only a JSON object is one (see its `Deserialize`).
+#[derive(Debug, Default, ToSchema)]
 pub struct RetryInput {
     /// 1 to 5 (default 5).
-    #[serde(default, deserialize_with = "present")]
     #[schema(value_type = u8, minimum = 1, maximum = 5, default = 5)]
     pub max_attempts: Option<i64>,
     /// 1000 to 30000 (default 10000).
-    #[serde(default, deserialize_with = "present")]
     #[schema(value_type = u32, minimum = 1000, maximum = 30000, default = 10000)]
     pub timeout_ms: Option<i64>,
+}
+
+impl<'de> Deserialize<'de> for RetryInput {
+    /// From an object only: serde's derive also takes a struct from an array of its fields, so
+    /// `"retry": []` would pass as "no change".
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Fields {
+            #[serde(default, deserialize_with = "present")]
+            max_attempts: Option<i64>,
+            #[serde(default, deserialize_with = "present")]
+            timeout_ms: Option<i64>,
+        }
+        struct Object;
+        impl<'de> serde::de::Visitor<'de> for Object {
+            type Value = RetryInput;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object with max_attempts and timeout_ms")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<RetryInput, A::Error> {
+                let fields =
+                    Fields::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(RetryInput {
+                    max_attempts: fields.max_attempts,
+                    timeout_ms: fields.timeout_ms,
+                })
+            }
+        }
+        d.deserialize_map(Object)
+    }
 }
 
 /// A change to a webhook: any subset of the fields, each validated as at creation. `null` is
