@@ -129,12 +129,13 @@ pub struct NewWebhook {
 /// Retry settings in a request; a field left out takes its default at creation and keeps its
 /// value in a change. Only a JSON object is one (see its `Deserialize`).
 #[derive(Debug, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RetryInput {
     /// 1 to 5 (default 5).
-    #[schema(value_type = u8, minimum = 1, maximum = 5, default = 5)]
+    #[schema(value_type = u8, minimum = 1, maximum = 5, default = 5, required = false)]
     pub max_attempts: Option<i64>,
     /// 1000 to 30000 (default 10000).
-    #[schema(value_type = u32, minimum = 1000, maximum = 30000, default = 10000)]
+    #[schema(value_type = u32, minimum = 1000, maximum = 30000, default = 10000, required = false)]
     pub timeout_ms: Option<i64>,
 }
 
