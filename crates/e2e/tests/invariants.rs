@@ -311,6 +311,16 @@ impl System {
         serde_json::from_str(&text).unwrap_or(Value::Null)
     }
 
+    /// Enables or disables a webhook through the admin API.
+    async fn set_enabled(&self, hook: Uuid, enabled: bool) {
+        self.admin(
+            "PATCH",
+            &format!("/api/v1/webhooks/{hook}"),
+            Some(json!({"enabled": enabled})),
+        )
+        .await;
+    }
+
     /// One of the `newest` deliveries of the log, chosen by `pick`.
     async fn pick_delivery(&self, pick: u64, newest: usize) -> Option<String> {
         let log = self
@@ -490,13 +500,7 @@ async fn run(seed: u64) -> Vec<String> {
         for (when, hook) in std::mem::take(&mut enable_again) {
             if when <= until {
                 tokio::time::sleep_until(when).await;
-                system
-                    .admin(
-                        "PATCH",
-                        &format!("/api/v1/webhooks/{hook}"),
-                        Some(json!({"enabled": true})),
-                    )
-                    .await;
+                system.set_enabled(hook, true).await;
             } else {
                 enable_again.push((when, hook));
             }
@@ -535,13 +539,7 @@ async fn run(seed: u64) -> Vec<String> {
             }
             Action::Toggle { hook, after } => {
                 let id = system.hooks[hook];
-                system
-                    .admin(
-                        "PATCH",
-                        &format!("/api/v1/webhooks/{id}"),
-                        Some(json!({"enabled": false})),
-                    )
-                    .await;
+                system.set_enabled(id, false).await;
                 enable_again.push((Instant::now() + after, id));
             }
             Action::Delete { hook } => {
@@ -558,13 +556,7 @@ async fn run(seed: u64) -> Vec<String> {
     }
     for (when, hook) in enable_again {
         tokio::time::sleep_until(when).await;
-        system
-            .admin(
-                "PATCH",
-                &format!("/api/v1/webhooks/{hook}"),
-                Some(json!({"enabled": true})),
-            )
-            .await;
+        system.set_enabled(hook, true).await;
     }
     while let Some(done) = retries.join_next().await {
         done.expect("a retry");
