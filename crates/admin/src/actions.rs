@@ -11,7 +11,7 @@ use tocsin_domain::IncidentStatus;
 use uuid::Uuid;
 
 use crate::error::{AdminError, OrNotFound};
-use crate::routes::AdminState;
+use crate::state::AdminState;
 use crate::store::{self, WebhookPatch};
 
 /// Creates a webhook with a new signing secret.

@@ -13,9 +13,11 @@ mod config;
 mod error;
 pub mod openapi;
 mod pages;
+mod params;
 mod routes;
 mod schema;
 mod startup;
+mod state;
 mod store;
 mod validation;
 

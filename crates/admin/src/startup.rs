@@ -13,7 +13,8 @@ use crate::auth::require_admin_token;
 use crate::config::Config;
 use crate::openapi::{self, OpenApiJson};
 use crate::pages::{self, PagesState};
-use crate::routes::{self, AdminState};
+use crate::routes;
+use crate::state::AdminState;
 
 /// The running admin service.
 pub type App = Service;

@@ -7,6 +7,7 @@ mod config;
 mod context;
 mod deliver;
 mod fanout;
+mod gauges;
 mod metrics;
 mod slots;
 mod ssrf;

@@ -123,37 +123,3 @@ impl DispatcherMetrics {
         })
     }
 }
-
-/// Refreshes the queue-depth and backlog gauges every `interval` until cancelled.
-pub(crate) async fn refresh_gauges(
-    ctx: std::sync::Arc<crate::context::Context>,
-    interval: std::time::Duration,
-    cancel: tokio_util::sync::CancellationToken,
-) {
-    loop {
-        if let Ok(depths) = ctx.broker.queue_depths().await {
-            let prefix = format!("{}.", ctx.broker.topology().prefix());
-            for (queue, depth) in depths {
-                let short = queue.strip_prefix(&prefix).unwrap_or(&queue).to_owned();
-                ctx.metrics
-                    .queue_messages
-                    .with_label_values(&[&short])
-                    .set(i64::from(depth));
-            }
-        }
-        if let Ok(mut conn) = ctx.pool.get().await {
-            if let Ok(counts) = tocsin_domain::db::deliveries::count_unfinished(&mut conn).await {
-                for (state, n) in counts {
-                    ctx.metrics
-                        .unfinished
-                        .with_label_values(&[state.as_str()])
-                        .set(n);
-                }
-            }
-        }
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
-        }
-    }
-}

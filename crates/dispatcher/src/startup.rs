@@ -165,11 +165,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     }
     background.spawn(
         "gauges",
-        crate::metrics::refresh_gauges(
-            context.clone(),
-            Duration::from_secs(15),
-            background.token(),
-        ),
+        crate::gauges::refresh_gauges(context.clone(), Duration::from_secs(15), background.token()),
     );
     background.spawn(
         "prune",

@@ -17,12 +17,13 @@ use super::templates::{
     state_label, AttemptView, DeliveriesPage, DeliveryLog, DeliveryPage, DeliveryRow,
     DeliverySummary, SelectOption, When,
 };
-use super::webhooks::webhook_href;
+use super::webhook_href;
 use super::{given, notice, query_string, redirect, render, PageError, PagesState};
 use crate::actions;
 use crate::error::{AdminError, OrNotFound};
+use crate::params::{page, param};
 use crate::routes::deliveries::RetryAccepted;
-use crate::routes::{page, param, AdminState};
+use crate::state::AdminState;
 
 /// Filters, paging and the notice of a delivery log page. Empty values mean "any".
 #[derive(Debug, Deserialize)]

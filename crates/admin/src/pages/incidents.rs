@@ -13,7 +13,8 @@ use super::templates::{IncidentRow, IncidentsPage, SelectOption, When};
 use super::{given, notice, query_string, redirect, render, PageError, PagesState};
 use crate::actions;
 use crate::error::AdminError;
-use crate::routes::{page, param, AdminState};
+use crate::params::{page, param};
+use crate::state::AdminState;
 
 /// Filter, paging and the notice of the incident list.
 #[derive(Debug, Deserialize)]

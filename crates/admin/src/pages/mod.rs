@@ -392,6 +392,11 @@ pub fn query_string<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> 
     serializer.finish()
 }
 
+/// A webhook's page.
+pub fn webhook_href(id: uuid::Uuid) -> String {
+    format!("/settings/webhooks/{id}")
+}
+
 /// An optional query parameter, empty counting as absent (forms submit empty selects).
 pub fn given(value: &Option<String>) -> Option<&str> {
     value.as_deref().map(str::trim).filter(|v| !v.is_empty())

@@ -22,10 +22,13 @@ use super::templates::{
     FormErrors, LastDelivery, SecretPage, WebhookFormPage, WebhookFormValues, WebhookListPage,
     WebhookPage, WebhookRow, WebhookView, When,
 };
-use super::{given, notice, query_string, redirect, render, Form, PageError, PagesState};
+use super::{
+    given, notice, query_string, redirect, render, webhook_href, Form, PageError, PagesState,
+};
 use crate::actions;
 use crate::error::{AdminError, OrNotFound};
-use crate::routes::{page, AdminState};
+use crate::params::page;
+use crate::state::AdminState;
 use crate::validation::{self, FieldError, FieldErrors, WebhookInput};
 
 /// Paging and the notice of a redirect.
@@ -537,11 +540,6 @@ pub async fn delete(
     }
     actions::delete_webhook(&state, *id).await?;
     Ok(redirect("/settings/?notice=deleted"))
-}
-
-/// A webhook's page.
-pub fn webhook_href(id: Uuid) -> String {
-    format!("/settings/webhooks/{id}")
 }
 
 #[cfg(test)]

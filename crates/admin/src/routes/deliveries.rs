@@ -8,8 +8,9 @@ use tocsin_domain::EventKind;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{page, param, rfc3339, AdminState};
 use crate::error::{AdminError, OrNotFound};
+use crate::params::{page, param, rfc3339};
+use crate::state::AdminState;
 use crate::{actions, schema};
 
 /// A delivery of one event to one webhook.

@@ -9,8 +9,9 @@ use tocsin_domain::{EventKind, IncidentStatus, Severity};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{page, param, AdminState};
 use crate::error::{AdminError, OrNotFound};
+use crate::params::{page, param};
+use crate::state::AdminState;
 use crate::{actions, schema};
 
 /// An incident.

@@ -8,9 +8,10 @@ use tocsin_domain::{InvalidName, WebhookName};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{page, AdminState};
 use crate::error::{AdminError, OrNotFound};
+use crate::params::page;
 use crate::schema;
+use crate::state::AdminState;
 
 /// An inbound token's record. The token itself is never stored and never shown again.
 #[derive(Debug, Serialize, ToSchema)]

@@ -11,10 +11,11 @@ use tocsin_domain::EventKind;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{page, rfc3339, AdminState};
 use crate::actions;
 use crate::error::{AdminError, OrNotFound};
+use crate::params::{page, rfc3339};
 use crate::schema;
+use crate::state::AdminState;
 use crate::store::WebhookPatch;
 use crate::validation::{self, WebhookInput};
 
