@@ -15,6 +15,7 @@ use crate::state::AdminState;
 use crate::store::{self, WebhookPatch};
 
 /// Creates a webhook with a new signing secret.
+#[tracing::instrument(skip_all)]
 pub async fn create_webhook(state: &AdminState, new: &NewWebhook) -> Result<Webhook, AdminError> {
     let mut conn = state.conn().await?;
     let webhook = webhooks::create(&mut conn, new).await?;
@@ -23,6 +24,7 @@ pub async fn create_webhook(state: &AdminState, new: &NewWebhook) -> Result<Webh
 }
 
 /// Applies a validated change. Disabling stops the webhook's unfinished deliveries.
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn update_webhook(
     state: &AdminState,
     id: Uuid,
@@ -37,6 +39,7 @@ pub async fn update_webhook(
 }
 
 /// Deletes a webhook; its delivery log stays readable.
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn delete_webhook(state: &AdminState, id: Uuid) -> Result<(), AdminError> {
     let mut conn = state.conn().await?;
     webhooks::delete(&mut conn, id)
@@ -47,6 +50,7 @@ pub async fn delete_webhook(state: &AdminState, id: Uuid) -> Result<(), AdminErr
 }
 
 /// Issues a new signing secret; the old one keeps signing for the grace period.
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn rotate_secret(state: &AdminState, id: Uuid) -> Result<Webhook, AdminError> {
     let mut conn = state.conn().await?;
     let webhook = webhooks::rotate_secret(&mut conn, id, state.secret_grace)
@@ -57,6 +61,7 @@ pub async fn rotate_secret(state: &AdminState, id: Uuid) -> Result<Webhook, Admi
 }
 
 /// Records a sample `incidents.opened` event for this webhook only (409 when disabled).
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn send_test_event(state: &AdminState, id: Uuid) -> Result<NewEvent, AdminError> {
     let mut conn = state.conn().await?;
     let webhook = webhooks::get(&mut conn, id).await.or_not_found("webhook")?;
@@ -73,6 +78,7 @@ pub async fn send_test_event(state: &AdminState, id: Uuid) -> Result<NewEvent, A
 
 /// Enqueues one immediate manual attempt of a delivery (409 when it succeeded already, or its
 /// webhook was deleted or is disabled).
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn retry_delivery(state: &AdminState, id: Uuid) -> Result<Delivery, AdminError> {
     let mut conn = state.conn().await?;
     let delivery = deliveries::get(&mut conn, id)
@@ -93,6 +99,7 @@ pub async fn retry_delivery(state: &AdminState, id: Uuid) -> Result<Delivery, Ad
 
 /// Enqueues a manual attempt of every failed delivery of a webhook created since `since`;
 /// returns how many.
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn recover_failed(
     state: &AdminState,
     id: Uuid,
@@ -112,6 +119,7 @@ pub async fn recover_failed(
 }
 
 /// Moves an incident to another status and records the events it emits.
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn change_incident_status(
     state: &AdminState,
     id: Uuid,

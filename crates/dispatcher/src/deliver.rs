@@ -53,6 +53,7 @@ pub(crate) async fn handle_delivery(ctx: Arc<Context>, message: Delivery) {
 }
 
 /// The delivery a message asks automatic attempt `requested` of.
+#[tracing::instrument(skip_all, fields(delivery_id = %message.delivery_id, attempt = requested))]
 async fn due(ctx: &Context, message: &DeliveryMessage, requested: i32) -> Result<Due, Outcome> {
     let webhook_id = match message.webhook_id {
         Some(webhook_id) => webhook_id,
@@ -218,6 +219,7 @@ async fn make(ctx: &Context, job: Job, slot: Option<Slot>) -> Outcome {
 /// A claim its guard refused: a duplicate or late message, or a delivery that can get no more
 /// automatic attempt, which is failed now (its webhook disabled or deleted, its schedule used
 /// up).
+#[tracing::instrument(skip_all)]
 async fn refused(ctx: &Context, claim: Claim) -> Outcome {
     if claim.trigger == Trigger::Manual {
         tracing::info!(
@@ -261,6 +263,7 @@ fn observe(ctx: &Context, job: &Job, result: &AttemptResult, started: OffsetDate
 }
 
 /// Makes the HTTP request and describes it as the attempt's result.
+#[tracing::instrument(skip_all, fields(webhook_id = %job.webhook.id))]
 async fn send(ctx: &Context, job: &Job, started_at: OffsetDateTime) -> AttemptResult {
     let started = Instant::now();
     let id = job.delivery.id.to_string();

@@ -49,6 +49,7 @@ pub(crate) async fn run(
 
 /// One pass; returns how many interrupted attempts were recorded and how many overdue
 /// deliveries re-enqueued.
+#[tracing::instrument(skip_all)]
 pub(crate) async fn sweep_once(ctx: &Context, grace: Duration) -> anyhow::Result<(usize, usize)> {
     let interrupted = record_interrupted(ctx).await?;
     let mut overdue = 0;
@@ -76,6 +77,7 @@ pub(crate) async fn sweep_once(ctx: &Context, grace: Duration) -> anyhow::Result
 /// Records unrecorded attempts of stopped dispatchers as interrupted, each moving its delivery
 /// as a failed attempt does: a delivery moved to `retrying` gets its next attempt through the
 /// retry queue of its delay, as after any failed attempt.
+#[tracing::instrument(skip_all)]
 async fn record_interrupted(ctx: &Context) -> anyhow::Result<usize> {
     let mut conn = ctx.pool.get().await.map_err(DbError::from)?;
     let found = deliveries::unrecorded(
@@ -140,6 +142,7 @@ async fn record_interrupted(ctx: &Context) -> anyhow::Result<usize> {
 }
 
 /// Prunes old data every `interval`, logging what it removed.
+#[tracing::instrument(skip_all)]
 pub(crate) async fn prune(
     ctx: Arc<Context>,
     interval: Duration,

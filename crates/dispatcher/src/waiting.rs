@@ -33,6 +33,7 @@ pub(crate) async fn run(ctx: Arc<Context>, cancel: CancellationToken) {
 }
 
 /// One pass; returns how many waiting deliveries were started.
+#[tracing::instrument(skip_all)]
 pub(crate) async fn take_once(ctx: &Arc<Context>) -> anyhow::Result<usize> {
     let free = ctx.requests.available_permits() as i64;
     if free == 0 {

@@ -50,6 +50,7 @@ impl LogQuery {
 }
 
 /// A page of the delivery log under `filter`, with the filter form pointing at `action`.
+#[tracing::instrument(skip_all)]
 pub async fn delivery_log(
     state: &AdminState,
     action: &str,
@@ -150,6 +151,7 @@ fn options<'a>(
 }
 
 /// `GET /settings/deliveries`: the whole delivery log (or one webhook's, by `webhook_id`).
+#[tracing::instrument(skip_all)]
 pub async fn list(
     session: Session,
     query: web::Query<LogQuery>,
@@ -178,6 +180,7 @@ pub async fn list(
 }
 
 /// `GET /settings/deliveries/{id}`: a delivery and every attempt.
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn detail(
     session: Session,
     id: web::Path<Uuid>,
@@ -294,6 +297,7 @@ fn headers(logged: &serde_json::Value) -> Vec<(String, String)> {
 
 /// `POST /settings/deliveries/{id}/retry`: enqueues a manual attempt. Answers JSON (202, or
 /// the API's error body) to a script asking for it, else redirects back to the delivery.
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn retry(
     req: HttpRequest,
     id: web::Path<Uuid>,

@@ -25,6 +25,7 @@ pub struct ListQuery {
 }
 
 /// `GET /settings/incidents`.
+#[tracing::instrument(skip_all)]
 pub async fn list(
     session: Session,
     query: web::Query<ListQuery>,
@@ -80,6 +81,7 @@ pub async fn list(
 
 /// `POST /settings/incidents/{id}/status`: moves the incident (`status` = `acknowledged`,
 /// `resolved`, ...), then back to the list.
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn change_status(
     req: HttpRequest,
     id: web::Path<Uuid>,

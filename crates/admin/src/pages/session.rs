@@ -144,6 +144,7 @@ impl FromRequest for Session {
 
 /// Reads the form of a POST from a signed-in session: refuses (403) a foreign `Origin` or a
 /// missing or wrong CSRF token; sends a signed-out request to the sign-in page.
+#[tracing::instrument(skip_all)]
 pub async fn signed_form(
     req: &HttpRequest,
     payload: web::Payload,
@@ -184,6 +185,7 @@ fn check_origin(req: &HttpRequest) -> Result<(), PageError> {
 }
 
 /// `GET /settings/sign-in`: the form (or the webhooks, when already signed in).
+#[tracing::instrument(skip_all)]
 pub async fn sign_in_form(
     req: HttpRequest,
     pages: web::Data<PagesState>,
@@ -201,6 +203,7 @@ pub async fn sign_in_form(
 }
 
 /// `POST /settings/sign-in`: checks the admin token; sets the session cookie on success.
+#[tracing::instrument(skip_all)]
 pub async fn sign_in(
     req: HttpRequest,
     payload: web::Payload,
@@ -240,6 +243,7 @@ pub async fn sign_in(
 }
 
 /// `POST /settings/sign-out`: removes the session cookie.
+#[tracing::instrument(skip_all)]
 pub async fn sign_out(
     req: HttpRequest,
     payload: web::Payload,

@@ -39,6 +39,7 @@ pub struct ListQuery {
 }
 
 /// `GET /settings/`: every webhook with its newest delivery.
+#[tracing::instrument(skip_all)]
 pub async fn list(
     session: Session,
     query: web::Query<ListQuery>,
@@ -87,6 +88,7 @@ pub async fn list(
 }
 
 /// `GET /settings/webhooks/new`: the create form.
+#[tracing::instrument(skip_all)]
 pub async fn new_form(
     session: Session,
     pages: web::Data<PagesState>,
@@ -209,6 +211,7 @@ fn form_errors(refused: Vec<FieldError>, validation: Option<FieldErrors>) -> For
 
 /// `POST /settings/webhooks/new`: creates the webhook and shows its secret once, or shows the
 /// form again (422) with each refused field's error beside it.
+#[tracing::instrument(skip_all)]
 pub async fn create(
     req: HttpRequest,
     payload: web::Payload,
@@ -273,6 +276,7 @@ fn secret_page(
 }
 
 /// `GET /settings/webhooks/{id}`: the webhook, its actions and its delivery log.
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn detail(
     session: Session,
     id: web::Path<Uuid>,
@@ -335,6 +339,7 @@ pub async fn detail(
 }
 
 /// `GET /settings/webhooks/{id}/edit`: the edit form with the current values.
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn edit_form(
     session: Session,
     id: web::Path<Uuid>,
@@ -365,6 +370,7 @@ pub async fn edit_form(
 }
 
 /// `POST /settings/webhooks/{id}/edit`: saves the change, or shows the form again (422).
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn update(
     req: HttpRequest,
     id: web::Path<Uuid>,
@@ -406,6 +412,7 @@ pub async fn update(
 }
 
 /// `POST /settings/webhooks/{id}/enable`.
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn enable(
     req: HttpRequest,
     id: web::Path<Uuid>,
@@ -417,6 +424,7 @@ pub async fn enable(
 }
 
 /// `POST /settings/webhooks/{id}/disable`: also stops its unfinished deliveries.
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn disable(
     req: HttpRequest,
     id: web::Path<Uuid>,
@@ -427,6 +435,7 @@ pub async fn disable(
     set_enabled(req, *id, payload, state, pages, false).await
 }
 
+#[tracing::instrument(skip_all, fields(id = %id))]
 async fn set_enabled(
     req: HttpRequest,
     id: Uuid,
@@ -447,6 +456,7 @@ async fn set_enabled(
 }
 
 /// `POST /settings/webhooks/{id}/rotate-secret`: shows the new secret once.
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn rotate_secret(
     req: HttpRequest,
     id: web::Path<Uuid>,
@@ -470,6 +480,7 @@ pub async fn rotate_secret(
 }
 
 /// `POST /settings/webhooks/{id}/test`: sends a sample `incidents.opened` event to it.
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn send_test_event(
     req: HttpRequest,
     id: web::Path<Uuid>,
@@ -483,6 +494,7 @@ pub async fn send_test_event(
 }
 
 /// `POST /settings/webhooks/{id}/recover`: retries every failed delivery since a time (UTC).
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn recover(
     req: HttpRequest,
     id: web::Path<Uuid>,
@@ -517,6 +529,7 @@ fn parse_since(text: &str) -> Result<OffsetDateTime, &'static str> {
 
 /// `POST /settings/webhooks/{id}/delete`: asks for confirmation unless the form says it was
 /// given (the page's script asks in a dialog), then deletes.
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn delete(
     req: HttpRequest,
     id: web::Path<Uuid>,

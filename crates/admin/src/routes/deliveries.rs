@@ -190,6 +190,7 @@ impl ListQuery {
         (status = 400, description = "A bad query parameter; `field` names it", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all)]
 pub async fn list(
     query: web::Query<ListQuery>,
     state: web::Data<AdminState>,
@@ -216,6 +217,7 @@ pub async fn list(
         (status = 404, description = "No such delivery", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn get(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
@@ -249,6 +251,7 @@ pub async fn get(
         (status = 409, description = "The delivery succeeded already, or its webhook was deleted or is disabled", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn retry(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,

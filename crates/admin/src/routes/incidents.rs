@@ -109,6 +109,7 @@ pub struct ListQuery {
         (status = 400, description = "A bad query parameter; `field` names it", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all)]
 pub async fn list(
     query: web::Query<ListQuery>,
     state: web::Data<AdminState>,
@@ -146,6 +147,7 @@ pub async fn list(
         (status = 404, description = "No such incident", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn get(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
@@ -174,6 +176,7 @@ pub async fn get(
         (status = 422, description = "Unknown status; `field` is `status`", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn update(
     req: HttpRequest,
     id: web::Path<Uuid>,

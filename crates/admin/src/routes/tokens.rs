@@ -106,6 +106,7 @@ pub fn parse_name(raw: &str) -> Result<String, InvalidName> {
         (status = 422, description = "`name` is invalid", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all)]
 pub async fn create(
     req: HttpRequest,
     payload: web::Payload,
@@ -134,6 +135,7 @@ pub async fn create(
         (status = 400, description = "A bad query parameter; `field` names it", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all)]
 pub async fn list(
     query: web::Query<ListQuery>,
     state: web::Data<AdminState>,
@@ -159,6 +161,7 @@ pub async fn list(
         (status = 404, description = "No such token, or it was already revoked", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn revoke(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,

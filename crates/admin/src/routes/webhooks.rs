@@ -281,6 +281,7 @@ impl WebhookChange {
         (status = 422, description = "A field is invalid; `field` names it (`events[1]`, `retry.max_attempts`)", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all)]
 pub async fn create(
     req: HttpRequest,
     payload: web::Payload,
@@ -304,6 +305,7 @@ pub async fn create(
         (status = 400, description = "A bad query parameter (`limit`, `cursor`); `field` names it", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all)]
 pub async fn list(
     query: web::Query<ListQuery>,
     state: web::Data<AdminState>,
@@ -329,6 +331,7 @@ pub async fn list(
         (status = 404, description = "No such webhook (or it was deleted)", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn get(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
@@ -355,6 +358,7 @@ pub async fn get(
         (status = 422, description = "A field is invalid; `field` names it", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn update(
     req: HttpRequest,
     id: web::Path<Uuid>,
@@ -380,6 +384,7 @@ pub async fn update(
         (status = 404, description = "No such webhook (or it was already deleted)", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn delete(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
@@ -400,6 +405,7 @@ pub async fn delete(
         (status = 404, description = "No such webhook (or it was deleted)", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn reveal_secret(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
@@ -423,6 +429,7 @@ pub async fn reveal_secret(
         (status = 404, description = "No such webhook (or it was deleted)", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn rotate_secret(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
@@ -445,6 +452,7 @@ pub async fn rotate_secret(
         (status = 409, description = "The webhook is disabled", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn send_test_event(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
@@ -476,6 +484,7 @@ pub async fn send_test_event(
         (status = 422, description = "`since` is not an RFC 3339 time", body = schema::ErrorBody),
     )
 )]
+#[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn recover(
     req: HttpRequest,
     id: web::Path<Uuid>,
