@@ -4,6 +4,7 @@ use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry,
 };
+use tocsin_domain::delivery::DeliveryState;
 use tocsin_web::metrics::{LAG_BUCKETS, LATENCY_BUCKETS};
 
 #[derive(Clone)]
@@ -102,8 +103,8 @@ impl DispatcherMetrics {
         registry.register(Box::new(waited.clone()))?;
         // Export these series at 0 from the start, so that dashboards and `increase()` in the
         // alert rules see the first occurrence (a series that appears at 1 shows no increase).
-        for state in ["succeeded", "failed"] {
-            deliveries_finished.with_label_values(&[state]);
+        for state in [DeliveryState::Succeeded, DeliveryState::Failed] {
+            deliveries_finished.with_label_values(&[state.as_str()]);
         }
         for queue in ["fanout", "deliveries"] {
             parked.with_label_values(&[queue]);
