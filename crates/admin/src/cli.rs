@@ -20,9 +20,12 @@ async fn connect(url: &str) -> anyhow::Result<AsyncPgConnection> {
     db::migrate(url)
         .await
         .context("DATABASE_URL: migrating the database")?;
-    AsyncPgConnection::establish(url)
-        .await
-        .with_context(|| format!("DATABASE_URL: connecting to {}", db::redact_url(url)))
+    AsyncPgConnection::establish(url).await.with_context(|| {
+        format!(
+            "DATABASE_URL: connecting to {}",
+            tocsin_domain::redact_url(url)
+        )
+    })
 }
 
 /// `tocsin-admin migrate`.

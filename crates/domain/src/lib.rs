@@ -11,6 +11,7 @@ pub mod db;
 pub mod delivery;
 mod event;
 mod incident;
+mod redact;
 pub mod relay;
 pub mod retry;
 mod secret;
@@ -21,6 +22,7 @@ mod webhook;
 
 pub use event::{rfc3339_utc, EventKind, EventPayload, IncidentData, InvalidEventKind};
 pub use incident::{IncidentStatus, IncidentTitle, InvalidStatus, InvalidTitle, TransitionError};
+pub use redact::redact_url;
 pub use retry::RetrySchedule;
 pub use secret::{InvalidSecret, WebhookSecret};
 pub use severity::{InvalidSeverity, Severity};

@@ -12,7 +12,7 @@ use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions};
 use prometheus::Registry;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
 use tocsin_domain::amqp::messages::{
-    DeliveryMessage, EventMessage, Trigger, ATTEMPT_HEADER, TRIGGER_HEADER,
+    DeliveryMessage, EventMessage, ATTEMPT_HEADER, TRIGGER_HEADER,
 };
 use tocsin_domain::amqp::topology::DELIVERY_ROUTING_KEY;
 use tocsin_domain::amqp::{
@@ -22,6 +22,7 @@ use tocsin_domain::config::CommonConfig;
 use tocsin_domain::db::deliveries;
 use tocsin_domain::db::outbox::{self, NewEvent};
 use tocsin_domain::db::webhooks::{self, NewWebhook};
+use tocsin_domain::delivery::Trigger;
 use tocsin_domain::relay::OutboxRelay;
 use tocsin_domain::{
     EventKind, IncidentTitle, RetrySchedule, RetrySettings, Severity, TargetUrl, WebhookName,

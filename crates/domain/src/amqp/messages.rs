@@ -3,7 +3,6 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-pub use crate::delivery::Trigger;
 use crate::EventKind;
 
 /// Header with the number of the automatic attempt a delivery message asks for (1-based).

@@ -120,7 +120,7 @@ impl Broker {
         self.inner
             .urls
             .iter()
-            .map(|url| crate::db::redact_url(url))
+            .map(|url| crate::redact_url(url))
             .collect()
     }
 
@@ -147,7 +147,7 @@ impl Broker {
                     return Ok(live);
                 }
                 Err(error) => {
-                    let url = crate::db::redact_url(&self.inner.urls[address]);
+                    let url = crate::redact_url(&self.inner.urls[address]);
                     if count > 1 {
                         tracing::warn!(broker = %url, %error, "cannot connect to this RabbitMQ; trying the next address");
                     }
@@ -209,7 +209,7 @@ impl Broker {
             }
         };
         tracing::info!(
-            broker = %crate::db::redact_url(url),
+            broker = %crate::redact_url(url),
             prefix = self.inner.topology.prefix(),
             "connected to RabbitMQ and declared the topology"
         );
