@@ -17,13 +17,13 @@ use tocsin_admin::Config;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
 use tocsin_domain::amqp::messages::DeliveryMessage;
 use tocsin_domain::amqp::{self, Outgoing};
-use tocsin_domain::config::CommonConfig;
 use tocsin_domain::db::outbox::{self, NewEvent};
 use tocsin_domain::db::tokens;
 use tocsin_domain::{
     AccessToken, EventKind, EventPayload, IncidentData, IncidentStatus, IncidentTitle, Severity,
 };
 use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestDb, TestPrefix};
+use tocsin_web::config::CommonConfig;
 use uuid::Uuid;
 
 const DEADLINE: Duration = Duration::from_secs(15);

@@ -6,7 +6,6 @@
 pub mod alerts;
 pub mod amqp;
 pub mod batch;
-pub mod config;
 pub mod db;
 pub mod delivery;
 mod event;

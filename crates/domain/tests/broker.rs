@@ -16,9 +16,9 @@ use tocsin_domain::amqp::messages::{
 };
 use tocsin_domain::amqp::topology::DELIVERY_ROUTING_KEY;
 use tocsin_domain::amqp::{
-    self, header_int, header_str, run_consumer, Broker, ConsumerOptions, Outgoing,
+    self, header_int, header_str, run_consumer, Broker, ConsumerOptions, Outgoing, QueueType,
+    Topology,
 };
-use tocsin_domain::config::CommonConfig;
 use tocsin_domain::db::deliveries;
 use tocsin_domain::db::outbox::{self, NewEvent};
 use tocsin_domain::db::webhooks::{self, NewWebhook};
@@ -35,10 +35,16 @@ const DEADLINE: Duration = Duration::from_secs(15);
 /// How long a reconnection after an outage may take.
 const RECOVERY_DEADLINE: Duration = Duration::from_secs(60);
 
-fn config(db: &TestDb, prefix: &TestPrefix, delays: &str) -> CommonConfig {
-    let mut config = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix);
-    config.retry_delays = delays.parse().unwrap();
-    config
+/// A handle on the broker at `url` (one address or a list), with the test's prefix and the
+/// given retry schedule, made as the services make theirs (connection named `tocsin-<name>`).
+fn broker_at(url: &str, prefix: &TestPrefix, delays: &str, name: &str) -> Broker {
+    let topology = Topology::new(&prefix.prefix, &delays.parse().unwrap(), QueueType::Quorum);
+    Broker::new(url, topology, &format!("tocsin-{name}"))
+}
+
+/// A handle on the test broker.
+fn broker_for(prefix: &TestPrefix, delays: &str, name: &str) -> Broker {
+    broker_at(&amqp_url(), prefix, delays, name)
 }
 
 /// Opens an incident; returns its `incidents.opened` event.
@@ -75,7 +81,7 @@ async fn subscribe(db: &TestDb) -> uuid::Uuid {
 
 /// A broker handle and a relay over it, drained by hand (its fallback poll is not running).
 fn broker_and_relay(db: &TestDb, prefix: &TestPrefix) -> (Broker, OutboxRelay) {
-    let broker = config(db, prefix, "0s").broker("test");
+    let broker = broker_for(prefix, "0s", "test");
     let relay = OutboxRelay::new(
         db.pool(),
         broker.clone(),
@@ -103,10 +109,8 @@ async fn drain_queue(broker: &Broker, queue: &str) -> Vec<lapin::message::Delive
 
 #[tokio::test]
 async fn the_broker_reports_the_declared_topology() {
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
-    let config = config(&db, &prefix, RetrySchedule::DEFAULT_TEXT);
-    let broker = config.broker("test");
+    let broker = broker_for(&prefix, RetrySchedule::DEFAULT_TEXT, "test");
     broker.check().await.expect("declaring the topology");
     let p = &prefix.prefix;
 
@@ -146,10 +150,8 @@ async fn the_broker_reports_the_declared_topology() {
 
 #[tokio::test]
 async fn a_retry_queue_dead_letters_back_to_the_delivery_queue_with_headers_intact() {
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
-    let config = config(&db, &prefix, "0s,300ms");
-    let broker = config.broker("test");
+    let broker = broker_for(&prefix, "0s,300ms", "test");
     let topology = broker.topology().clone();
     let mut headers = lapin::types::FieldTable::default();
     headers.insert(
@@ -181,18 +183,9 @@ async fn a_retry_queue_dead_letters_back_to_the_delivery_queue_with_headers_inta
 
 #[tokio::test]
 async fn changing_the_schedule_does_not_fail_on_existing_queues() {
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
-    config(&db, &prefix, "0s,1s,2s")
-        .broker("a")
-        .check()
-        .await
-        .unwrap();
-    config(&db, &prefix, "0s,3s")
-        .broker("b")
-        .check()
-        .await
-        .unwrap();
+    broker_for(&prefix, "0s,1s,2s", "a").check().await.unwrap();
+    broker_for(&prefix, "0s,3s", "b").check().await.unwrap();
     let names = prefix.queue_names().await;
     for delay in ["1s", "2s", "3s"] {
         assert!(
@@ -204,9 +197,8 @@ async fn changing_the_schedule_does_not_fail_on_existing_queues() {
 
 #[tokio::test]
 async fn unroutable_publishes_are_errors() {
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
-    let broker = config(&db, &prefix, "0s").broker("test");
+    let broker = broker_for(&prefix, "0s", "test");
     let error = broker
         .publish(Outgoing {
             exchange: broker.topology().events_exchange(),
@@ -292,13 +284,12 @@ async fn the_relay_wakes_on_commit_and_catches_up_after_a_broker_outage() {
     let db = TestDb::new().await;
     let prefix = TestPrefix::new();
     let proxy = TcpProxy::start("127.0.0.1:5672").await;
-    let mut proxied = config(&db, &prefix, "0s");
-    proxied.amqp_url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
-    let direct = config(&db, &prefix, "0s").broker("observer");
+    let proxied = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
+    let direct = broker_for(&prefix, "0s", "observer");
     direct.check().await.unwrap();
     let relay = OutboxRelay::new(
         db.pool(),
-        proxied.broker("relay"),
+        broker_at(&proxied, &prefix, "0s", "relay"),
         &db.url,
         Duration::from_secs(60),
         &Registry::new(),
@@ -367,13 +358,11 @@ async fn relay_failed(relay: &OutboxRelay) -> bool {
 
 #[tokio::test]
 async fn a_consumer_keeps_working_after_losing_its_connection() {
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
     let proxy = TcpProxy::start("127.0.0.1:5672").await;
-    let mut proxied = config(&db, &prefix, "0s");
-    proxied.amqp_url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
-    let consumer_broker = proxied.broker("consumer");
-    let direct = config(&db, &prefix, "0s").broker("producer");
+    let proxied = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
+    let consumer_broker = broker_at(&proxied, &prefix, "0s", "consumer");
+    let direct = broker_for(&prefix, "0s", "producer");
     direct.check().await.unwrap();
     let received = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
     let cancel = CancellationToken::new();
@@ -435,19 +424,17 @@ async fn a_consumer_keeps_working_after_losing_its_connection() {
 
 #[tokio::test]
 async fn a_broker_list_skips_unreachable_addresses_and_moves_on_when_a_connection_drops() {
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
     let (one, two) = (
         TcpProxy::start("127.0.0.1:5672").await,
         TcpProxy::start("127.0.0.1:5672").await,
     );
-    let mut config = config(&db, &prefix, "0s");
-    config.amqp_url = format!(
+    let list = format!(
         "amqp://guest:secret-never-printed@127.0.0.1:1/%2f, amqp://guest:guest@127.0.0.1:{}/%2f,amqp://guest:guest@127.0.0.1:{}/%2f",
         one.port(),
         two.port()
     );
-    let broker = config.broker("list");
+    let broker = broker_at(&list, &prefix, "0s", "list");
     assert!(!format!("{broker:?}").contains("secret-never-printed"));
     broker.check().await.expect("the second address answers");
     // The node it uses goes away: the next call connects to another address of the list.
@@ -480,9 +467,8 @@ async fn a_broker_list_skips_unreachable_addresses_and_moves_on_when_a_connectio
 async fn parked_messages_are_listed_in_place_and_replayed_to_their_work_queues() {
     use tocsin_domain::amqp::messages::{EventMessage, PARKED_REASON_HEADER, TRIGGER_HEADER};
     use tocsin_domain::amqp::{ParkedBody, Replayed};
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
-    let broker = config(&db, &prefix, "0s").broker("parking");
+    let broker = broker_for(&prefix, "0s", "parking");
     let topology = broker.topology().clone();
     let event = EventMessage {
         event_id: uuid::Uuid::now_v7(),
@@ -568,9 +554,8 @@ async fn parked_messages_are_listed_in_place_and_replayed_to_their_work_queues()
 #[tokio::test]
 async fn a_message_returned_past_the_delivery_limit_is_parked_with_the_brokers_reason() {
     use tocsin_domain::amqp::topology::DELIVERY_LIMIT;
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
-    let broker = config(&db, &prefix, "0s").broker("limit");
+    let broker = broker_for(&prefix, "0s", "limit");
     let topology = broker.topology().clone();
     let delivery = DeliveryMessage {
         delivery_id: uuid::Uuid::now_v7(),
@@ -629,11 +614,13 @@ async fn a_message_returned_past_the_delivery_limit_is_parked_with_the_brokers_r
 
 #[tokio::test]
 async fn publishing_to_an_unreachable_broker_fails_quickly() {
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
-    let mut config = config(&db, &prefix, "0s");
-    config.amqp_url = "amqp://guest:guest@127.0.0.1:1/%2f".into();
-    let broker = config.broker("nowhere");
+    let broker = broker_at(
+        "amqp://guest:guest@127.0.0.1:1/%2f",
+        &prefix,
+        "0s",
+        "nowhere",
+    );
     let started = Instant::now();
     assert!(broker.check().await.is_err());
     assert!(started.elapsed() < Duration::from_secs(6));
