@@ -17,11 +17,11 @@ use tocsin_admin::Config;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
 use tocsin_domain::amqp::messages::DeliveryMessage;
 use tocsin_domain::amqp::{self, Outgoing};
-use tocsin_domain::db::outbox::{self, NewEvent};
-use tocsin_domain::db::tokens;
 use tocsin_domain::{
     AccessToken, EventKind, EventPayload, IncidentData, IncidentStatus, IncidentTitle, Severity,
 };
+use tocsin_storage::outbox::{self, NewEvent};
+use tocsin_storage::tokens;
 use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestDb, TestPrefix};
 use tocsin_web::config::CommonConfig;
 use uuid::Uuid;
@@ -561,9 +561,7 @@ async fn webhooks_are_created_read_changed_and_deleted() {
         .await;
     assert_eq!(revealed["secret"], new_secret);
     let mut conn = admin.conn().await;
-    let stored = tocsin_domain::db::webhooks::get(&mut conn, id)
-        .await
-        .unwrap();
+    let stored = tocsin_storage::webhooks::get(&mut conn, id).await.unwrap();
     let signing: Vec<&str> = stored
         .signing_secrets(OffsetDateTime::now_utc())
         .into_iter()
@@ -1689,7 +1687,7 @@ async fn every_cli_subcommand_does_its_job() {
     assert!(
         said.contains(&format!(
             "applied {} migration(s)",
-            tocsin_domain::db::migration_count()
+            tocsin_storage::migration_count()
         )),
         "{said}"
     );

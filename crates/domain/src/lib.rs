@@ -1,17 +1,14 @@
 //! Tocsin's domain: what ingest, dispatcher and admin share. Types that can only hold valid
 //! values, Standard Webhooks signing, the retry schedule, the inbound alert parsers, the
-//! PostgreSQL schema and repositories, the transactional outbox and its relay, and the RabbitMQ
-//! topology. It knows nothing of HTTP frameworks.
+//! delivery state machine, and the RabbitMQ topology. It knows nothing of HTTP frameworks; the
+//! PostgreSQL storage is `tocsin-storage`'s.
 
 pub mod alerts;
 pub mod amqp;
-pub mod batch;
-pub mod db;
 pub mod delivery;
 mod event;
 mod incident;
 mod redact;
-pub mod relay;
 pub mod retry;
 mod secret;
 mod severity;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use serde_json::Value;
-use tocsin_domain::db::tokens;
+use tocsin_storage::tokens;
 use tocsin_testkit::{amqp_url, TestDb, TestPrefix};
 use tocsin_web::config::CommonConfig;
 use tokio_util::sync::CancellationToken;

@@ -18,9 +18,9 @@ use std::fmt;
 use std::time::Duration;
 
 use tocsin_domain::amqp::{Broker, QueueType, Topology};
-use tocsin_domain::db::DbPool;
 use tocsin_domain::redact_url;
 use tocsin_domain::retry::{parse_duration, RetrySchedule};
+use tocsin_storage::DbPool;
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/tocsin";
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -117,7 +117,7 @@ impl CommonConfig {
     }
 
     pub fn pool(&self) -> anyhow::Result<DbPool> {
-        tocsin_domain::db::pool(&self.database_url, usize::from(self.db_pool_size))
+        tocsin_storage::pool(&self.database_url, usize::from(self.db_pool_size))
     }
 
     /// Warns loudly when the retry schedule is not the specification's.

@@ -13,7 +13,7 @@ use actix_web::{web, HttpRequest};
 use serde::de::DeserializeOwned;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
-use tocsin_domain::db::{Cursor, DbConn, DbError, DbPool, Page};
+use tocsin_storage::{Cursor, DbConn, DbError, DbPool, Page};
 use tocsin_web::{json, ApiError};
 use tokio::sync::Notify;
 

@@ -1,9 +1,15 @@
-//! PostgreSQL: the pool, migrations, and one repository per table family. Handlers call these
-//! functions; no SQL lives outside this module.
+//! Tocsin's storage: everything that touches PostgreSQL. The pool and its session settings, the
+//! schema and its migrations (`migrations/`, compiled into the binaries), one repository per
+//! table family (the long statements in `sql/`), the transactional outbox and its [`relay`] to
+//! RabbitMQ, and the [`batch`]er that lets concurrent requests share one transaction. Handlers
+//! call these functions; no SQL lives outside this crate. The values it stores, and the rules
+//! they follow, are `tocsin-domain`'s.
 
+pub mod batch;
 pub mod deliveries;
 pub mod incidents;
 pub mod outbox;
+pub mod relay;
 pub mod retention;
 pub mod schema;
 mod statement;
@@ -312,7 +318,7 @@ pub async fn migrate(database_url: &str) -> anyhow::Result<usize> {
         .with_context(|| {
             format!(
                 "connecting to PostgreSQL at {}",
-                crate::redact_url(database_url)
+                tocsin_domain::redact_url(database_url)
             )
         })?;
     diesel::sql_query(format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"))

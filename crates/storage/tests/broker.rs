@@ -19,14 +19,14 @@ use tocsin_domain::amqp::{
     self, header_int, header_str, run_consumer, Broker, ConsumerOptions, Outgoing, QueueType,
     Topology,
 };
-use tocsin_domain::db::deliveries;
-use tocsin_domain::db::outbox::{self, NewEvent};
-use tocsin_domain::db::webhooks::{self, NewWebhook};
 use tocsin_domain::delivery::Trigger;
-use tocsin_domain::relay::OutboxRelay;
 use tocsin_domain::{
     EventKind, IncidentTitle, RetrySchedule, RetrySettings, Severity, TargetUrl, WebhookName,
 };
+use tocsin_storage::deliveries;
+use tocsin_storage::outbox::{self, NewEvent};
+use tocsin_storage::relay::OutboxRelay;
+use tocsin_storage::webhooks::{self, NewWebhook};
 use tocsin_testkit::deliveries::create_delivery;
 use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestDb, TestPrefix};
 use tokio_util::sync::CancellationToken;
