@@ -58,7 +58,7 @@ pub async fn prune(args: PruneArgs) -> anyhow::Result<()> {
 /// `tocsin-admin parked ...`: reads and replays the parking queue (needs only `AMQP_URL` and
 /// `TOCSIN_AMQP_PREFIX`).
 pub async fn parked(args: ParkedArgs) -> anyhow::Result<()> {
-    use tocsin_domain::amqp::ParkedBody;
+    use tocsin_broker::ParkedBody;
     let broker = args.common.broker("admin-cli");
     let queue = broker.topology().parking_queue();
     let mut out = std::io::stdout().lock();

@@ -14,9 +14,9 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use time::OffsetDateTime;
 use tocsin_admin::Config;
+use tocsin_broker::messages::DeliveryMessage;
+use tocsin_broker::Outgoing;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
-use tocsin_domain::amqp::messages::DeliveryMessage;
-use tocsin_domain::amqp::{self, Outgoing};
 use tocsin_domain::{
     AccessToken, EventKind, EventPayload, IncidentData, IncidentStatus, IncidentTitle, Severity,
 };
@@ -1656,7 +1656,7 @@ async fn the_token_cli_prints_a_token_that_ingest_accepts() {
 }
 
 /// Messages waiting in the delivery queue.
-async fn waiting(broker: &amqp::Broker) -> u32 {
+async fn waiting(broker: &tocsin_broker::Broker) -> u32 {
     let queue = broker.topology().delivery_queue();
     broker
         .queue_depths()
@@ -1847,7 +1847,7 @@ async fn every_cli_subcommand_does_its_job() {
                 exchange: broker.topology().parking_exchange(),
                 routing_key: String::new(),
                 body,
-                headers: amqp::headers_from_json(&json!({"tocsin-parked-reason": "test"})),
+                headers: tocsin_broker::headers_from_json(&json!({"tocsin-parked-reason": "test"})),
             })
             .await
             .unwrap();

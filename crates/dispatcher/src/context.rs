@@ -7,9 +7,9 @@ use std::time::Duration;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use tocsin_domain::amqp::messages::{DeliveryMessage, ATTEMPT_HEADER, PARKED_REASON_HEADER};
-use tocsin_domain::amqp::topology::DELIVERY_ROUTING_KEY;
-use tocsin_domain::amqp::{string_header, Broker, Outgoing};
+use tocsin_broker::messages::{DeliveryMessage, ATTEMPT_HEADER, PARKED_REASON_HEADER};
+use tocsin_broker::topology::DELIVERY_ROUTING_KEY;
+use tocsin_broker::{string_header, Broker, Outgoing};
 use tocsin_domain::delivery::Trigger;
 use tocsin_domain::RetrySchedule;
 use tocsin_storage::deliveries::{Claim, Completed, Completion, Due, FanOut, FannedOut, Job};
@@ -108,7 +108,7 @@ impl Context {
             AMQPValue::LongLongInt(i64::from(due.auto_attempts + 1)),
         );
         headers.insert(
-            tocsin_domain::amqp::messages::TRIGGER_HEADER.into(),
+            tocsin_broker::messages::TRIGGER_HEADER.into(),
             string_header(Trigger::Automatic.as_str()),
         );
         Outgoing {

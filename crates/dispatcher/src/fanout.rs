@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use lapin::message::Delivery;
-use tocsin_domain::amqp::messages::EventMessage;
+use tocsin_broker::messages::EventMessage;
 use tocsin_storage::deliveries::{Due, FanOut, FannedOut, Job};
 use tokio::sync::oneshot;
 

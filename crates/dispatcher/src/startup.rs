@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use diesel_async::AsyncPgConnection;
 use futures::future::BoxFuture;
 use prometheus::Registry;
-use tocsin_domain::amqp::{run_consumer, ConsumerOptions};
+use tocsin_broker::{run_consumer, ConsumerOptions};
 use tocsin_storage::deliveries::{
     self, Claim, ClaimRules, FanOut, FanOutRules, FannedOut, WaitReason,
 };

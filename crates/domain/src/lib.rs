@@ -1,10 +1,11 @@
-//! Tocsin's domain: what ingest, dispatcher and admin share. Types that can only hold valid
-//! values, Standard Webhooks signing, the retry schedule, the inbound alert parsers, the
-//! delivery state machine, and the RabbitMQ topology. It knows nothing of HTTP frameworks; the
-//! PostgreSQL storage is `tocsin-storage`'s.
+//! Tocsin's domain: the pure rules that ingest, dispatcher and admin share, with no I/O. Types
+//! that can only hold valid values, the inbound alert parsers, Standard Webhooks signing, the
+//! retry schedule, the event payload, the delivery state machine ([`delivery`]), and the
+//! redaction of connection strings for logs. It knows nothing of HTTP, PostgreSQL or RabbitMQ:
+//! `tocsin-storage` stores these values and `tocsin-broker` carries them, both building on this
+//! crate (domain ← broker ← storage).
 
 pub mod alerts;
-pub mod amqp;
 pub mod delivery;
 mod event;
 mod incident;

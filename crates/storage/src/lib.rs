@@ -2,8 +2,11 @@
 //! schema and its migrations (`migrations/`, compiled into the binaries), one repository per
 //! table family (the long statements in `sql/`), the transactional outbox and its [`relay`] to
 //! RabbitMQ, and the [`batch`]er that lets concurrent requests share one transaction. Handlers
-//! call these functions; no SQL lives outside this crate. The values it stores, and the rules
-//! they follow, are `tocsin-domain`'s.
+//! call these functions; no SQL lives outside this crate.
+//!
+//! The values it stores, and the rules they follow, are `tocsin-domain`'s. It depends on
+//! `tocsin-broker` too: outbox rows hold the broker's messages, and the relay publishes them
+//! through a broker handle (domain ← broker ← storage; the broker knows nothing of PostgreSQL).
 
 pub mod batch;
 pub mod deliveries;

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::schema::{events, outbox};
 use crate::statement::Statement;
 use crate::DbError;
-use tocsin_domain::amqp::messages::{DeliveryMessage, EventMessage};
+use tocsin_broker::messages::{DeliveryMessage, EventMessage};
 use tocsin_domain::delivery::Trigger;
 use tocsin_domain::{EventKind, EventPayload};
 
@@ -142,8 +142,7 @@ pub async fn enqueue_attempt(
     if delivery_ids.is_empty() {
         return Ok(());
     }
-    let headers =
-        serde_json::json!({ tocsin_domain::amqp::messages::TRIGGER_HEADER: trigger.as_str() });
+    let headers = serde_json::json!({ tocsin_broker::messages::TRIGGER_HEADER: trigger.as_str() });
     let rows: Vec<_> = delivery_ids
         .iter()
         .map(|id| {

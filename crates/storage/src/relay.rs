@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::outbox::{self, OutboxRow, Topic, NOTIFY_CHANNEL};
 use crate::{DbError, DbPool};
-use tocsin_domain::amqp::topology::{DELIVERY_ROUTING_KEY, EVENT_ROUTING_KEY};
-use tocsin_domain::amqp::{headers_from_json, Broker, Outgoing};
+use tocsin_broker::topology::{DELIVERY_ROUTING_KEY, EVENT_ROUTING_KEY};
+use tocsin_broker::{headers_from_json, Broker, Outgoing};
 
 /// Rows published per transaction.
 const BATCH: i64 = 500;

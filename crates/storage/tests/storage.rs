@@ -9,8 +9,8 @@ use std::time::Duration;
 use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use time::OffsetDateTime;
+use tocsin_broker::messages::EventMessage;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
-use tocsin_domain::amqp::messages::EventMessage;
 use tocsin_domain::delivery::{Transition, Trigger, WaitReason};
 use tocsin_domain::{
     EventKind, EventPayload, IncidentData, IncidentStatus, IncidentTitle, RetrySchedule,

@@ -17,7 +17,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use tocsin_domain::amqp::{Broker, QueueType, Topology};
+use tocsin_broker::{Broker, QueueType, Topology};
 use tocsin_domain::redact_url;
 use tocsin_domain::retry::{parse_duration, RetrySchedule};
 use tocsin_storage::DbPool;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use actix_web::{web, HttpResponse};
 use serde_json::json;
-use tocsin_domain::amqp::Broker;
+use tocsin_broker::Broker;
 use tocsin_storage::DbPool;
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(3);

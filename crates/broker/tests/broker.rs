@@ -1,34 +1,19 @@
 //! RabbitMQ against the real broker: the topology as the broker reports it, retry queues that
-//! dead-letter back, the outbox relay (each event to the events exchange, each manual attempt to
-//! the delivery queue, exactly once, and after an outage), and a consumer that survives losing
-//! its connection.
+//! dead-letter back, unroutable publishes, a consumer that survives losing its connection, a
+//! list of brokers, and the parking queue. (The outbox relay, which publishes through a broker
+//! handle, is tested with the storage: `crates/storage/tests/relay.rs`.)
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use diesel_async::{AsyncConnection, AsyncPgConnection};
 use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions};
-use prometheus::Registry;
-use tocsin_domain::alerts::{AlertAction, AlertSignal};
-use tocsin_domain::amqp::messages::{
-    DeliveryMessage, EventMessage, ATTEMPT_HEADER, TRIGGER_HEADER,
+use tocsin_broker::messages::{DeliveryMessage, ATTEMPT_HEADER};
+use tocsin_broker::topology::DELIVERY_ROUTING_KEY;
+use tocsin_broker::{
+    header_int, header_str, run_consumer, Broker, ConsumerOptions, Outgoing, QueueType, Topology,
 };
-use tocsin_domain::amqp::topology::DELIVERY_ROUTING_KEY;
-use tocsin_domain::amqp::{
-    self, header_int, header_str, run_consumer, Broker, ConsumerOptions, Outgoing, QueueType,
-    Topology,
-};
-use tocsin_domain::delivery::Trigger;
-use tocsin_domain::{
-    EventKind, IncidentTitle, RetrySchedule, RetrySettings, Severity, TargetUrl, WebhookName,
-};
-use tocsin_storage::deliveries;
-use tocsin_storage::outbox::{self, NewEvent};
-use tocsin_storage::relay::OutboxRelay;
-use tocsin_storage::webhooks::{self, NewWebhook};
-use tocsin_testkit::deliveries::create_delivery;
-use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestDb, TestPrefix};
+use tocsin_domain::{EventKind, RetrySchedule};
+use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestPrefix};
 use tokio_util::sync::CancellationToken;
 
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -45,52 +30,6 @@ fn broker_at(url: &str, prefix: &TestPrefix, delays: &str, name: &str) -> Broker
 /// A handle on the test broker.
 fn broker_for(prefix: &TestPrefix, delays: &str, name: &str) -> Broker {
     broker_at(&amqp_url(), prefix, delays, name)
-}
-
-/// Opens an incident; returns its `incidents.opened` event.
-async fn open_incident(db: &TestDb, key: &str) -> NewEvent {
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    let signal = AlertSignal {
-        dedup_key: key.into(),
-        action: AlertAction::Trigger,
-        title: IncidentTitle::parse("CPU hot").unwrap(),
-        severity: Severity::SEV3,
-        description: None,
-        source: None,
-        reply_key: None,
-    };
-    tocsin_testkit::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
-        .await
-        .unwrap()[0]
-        .events[0]
-        .clone()
-}
-
-/// A webhook for `incidents.opened`.
-async fn subscribe(db: &TestDb) -> uuid::Uuid {
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    let new = NewWebhook {
-        name: WebhookName::parse("opened").unwrap(),
-        url: TargetUrl::parse("https://example.com/").unwrap(),
-        events: [EventKind::IncidentOpened].into_iter().collect(),
-        retry: RetrySettings::default(),
-        enabled: true,
-    };
-    webhooks::create(&mut conn, &new).await.unwrap().id
-}
-
-/// A broker handle and a relay over it, drained by hand (its fallback poll is not running).
-fn broker_and_relay(db: &TestDb, prefix: &TestPrefix) -> (Broker, OutboxRelay) {
-    let broker = broker_for(prefix, "0s", "test");
-    let relay = OutboxRelay::new(
-        db.pool(),
-        broker.clone(),
-        &db.url,
-        Duration::from_secs(1),
-        &Registry::new(),
-    )
-    .unwrap();
-    (broker, relay)
 }
 
 /// Takes every message waiting in a queue.
@@ -208,152 +147,10 @@ async fn unroutable_publishes_are_errors() {
         })
         .await
         .unwrap_err();
-    assert!(matches!(error, amqp::BrokerError::Unroutable(_)), "{error}");
-}
-
-/// An event's outbox row goes to the events exchange, whose fan-out queue receives its
-/// [`EventMessage`], once; whether anyone subscribes is the dispatchers' business.
-#[tokio::test]
-async fn the_relay_publishes_an_event_row_to_the_events_exchange_exactly_once() {
-    let db = TestDb::new().await;
-    let prefix = TestPrefix::new();
-    let (broker, relay) = broker_and_relay(&db, &prefix);
-    let event = open_incident(&db, "once").await;
-
-    assert_eq!(relay.drain().await.unwrap(), 1);
-    assert_eq!(
-        relay.drain().await.unwrap(),
-        0,
-        "a published row is not published again"
+    assert!(
+        matches!(error, tocsin_broker::BrokerError::Unroutable(_)),
+        "{error}"
     );
-    let topology = broker.topology();
-    let messages = drain_queue(&broker, &topology.fanout_queue()).await;
-    assert_eq!(messages.len(), 1);
-    let message = EventMessage::from_bytes(&messages[0].data).unwrap();
-    assert_eq!(message, event.message());
-    assert_eq!(message.event, EventKind::IncidentOpened);
-    assert_eq!(message.test_webhook_id, None);
-    assert!(drain_queue(&broker, &topology.delivery_queue())
-        .await
-        .is_empty());
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 0);
-}
-
-/// A manual attempt's outbox row goes to the delivery queue with its trigger header, not to the
-/// events exchange.
-#[tokio::test]
-async fn the_relay_publishes_a_delivery_row_to_the_delivery_queue() {
-    let db = TestDb::new().await;
-    let prefix = TestPrefix::new();
-    let (broker, relay) = broker_and_relay(&db, &prefix);
-    let webhook = subscribe(&db).await;
-    let event = open_incident(&db, "manual").await;
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    let delivery_id =
-        create_delivery(&mut conn, event.id, event.kind, event.incident_id, webhook).await;
-    assert_eq!(relay.drain().await.unwrap(), 1, "the event");
-    let topology = broker.topology();
-    assert_eq!(
-        drain_queue(&broker, &topology.fanout_queue()).await.len(),
-        1
-    );
-
-    outbox::enqueue_attempt(&mut conn, &[delivery_id], Trigger::Manual)
-        .await
-        .unwrap();
-    assert_eq!(relay.drain().await.unwrap(), 1, "the manual attempt");
-    let messages = drain_queue(&broker, &topology.delivery_queue()).await;
-    assert_eq!(messages.len(), 1);
-    let message = DeliveryMessage::from_bytes(&messages[0].data).unwrap();
-    assert_eq!(message.delivery_id, delivery_id);
-    assert_eq!(
-        header_str(&messages[0].properties, TRIGGER_HEADER).as_deref(),
-        Some("manual")
-    );
-    assert!(drain_queue(&broker, &topology.fanout_queue())
-        .await
-        .is_empty());
-    let delivery = deliveries::get(&mut conn, delivery_id).await.unwrap();
-    assert_eq!(delivery.webhook_id, webhook);
-    assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 0);
-}
-
-#[tokio::test]
-async fn the_relay_wakes_on_commit_and_catches_up_after_a_broker_outage() {
-    let db = TestDb::new().await;
-    let prefix = TestPrefix::new();
-    let proxy = TcpProxy::start("127.0.0.1:5672").await;
-    let proxied = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
-    let direct = broker_for(&prefix, "0s", "observer");
-    direct.check().await.unwrap();
-    let relay = OutboxRelay::new(
-        db.pool(),
-        broker_at(&proxied, &prefix, "0s", "relay"),
-        &db.url,
-        Duration::from_secs(60),
-        &Registry::new(),
-    )
-    .unwrap();
-    let cancel = CancellationToken::new();
-    let running = tokio::spawn(relay.clone().run(cancel.clone()));
-
-    // Woken by NOTIFY from another connection, with the fallback poll a minute away.
-    open_incident(&db, "first").await;
-    let queue = direct.topology().fanout_queue();
-    let seen = AtomicUsize::new(0);
-    wait_until("the first event published", DEADLINE, || async {
-        let n = drain_queue(&direct, &queue).await.len();
-        seen.fetch_add(n, Ordering::SeqCst) + n == 1
-    })
-    .await;
-
-    // The broker goes away; an incident is committed meanwhile.
-    proxy.cut();
-    open_incident(&db, "during-outage").await;
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    wait_until("the relay to try and fail", DEADLINE, || async {
-        relay_failed(&relay).await
-    })
-    .await;
-    assert_eq!(
-        outbox::backlog(&mut conn).await.unwrap(),
-        1,
-        "the row waits"
-    );
-
-    proxy.restore();
-    let after = AtomicUsize::new(0);
-    // Reconnecting takes the relay's and the broker handle's back-offs (up to 5 s each), longer
-    // on a loaded machine.
-    wait_until(
-        "the event published after the outage",
-        RECOVERY_DEADLINE,
-        || async {
-            let n = drain_queue(&direct, &queue).await.len();
-            after.fetch_add(n, Ordering::SeqCst) + n >= 1
-        },
-    )
-    .await;
-    // The relay marks the row in the transaction that published it, which commits just after
-    // the broker confirmed the message.
-    wait_until("the row marked published", DEADLINE, || async {
-        let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-        outbox::backlog(&mut conn).await.unwrap() == 0
-    })
-    .await;
-    cancel.cancel();
-    running.await.unwrap();
-    assert_eq!(
-        drain_queue(&direct, &queue).await.len(),
-        0,
-        "nothing published twice"
-    );
-    assert_eq!(after.load(Ordering::SeqCst), 1);
-}
-
-async fn relay_failed(relay: &OutboxRelay) -> bool {
-    relay.drain().await.is_err()
 }
 
 #[tokio::test]
@@ -465,8 +262,8 @@ async fn a_broker_list_skips_unreachable_addresses_and_moves_on_when_a_connectio
 
 #[tokio::test]
 async fn parked_messages_are_listed_in_place_and_replayed_to_their_work_queues() {
-    use tocsin_domain::amqp::messages::{EventMessage, PARKED_REASON_HEADER, TRIGGER_HEADER};
-    use tocsin_domain::amqp::{ParkedBody, Replayed};
+    use tocsin_broker::messages::{EventMessage, PARKED_REASON_HEADER, TRIGGER_HEADER};
+    use tocsin_broker::{ParkedBody, Replayed};
     let prefix = TestPrefix::new();
     let broker = broker_for(&prefix, "0s", "parking");
     let topology = broker.topology().clone();
@@ -480,14 +277,14 @@ async fn parked_messages_are_listed_in_place_and_replayed_to_their_work_queues()
         delivery_id: uuid::Uuid::now_v7(),
         webhook_id: None,
     };
-    let mut delivery_headers = amqp::headers_from_json(&serde_json::json!({
+    let mut delivery_headers = tocsin_broker::headers_from_json(&serde_json::json!({
         ATTEMPT_HEADER: 2,
         TRIGGER_HEADER: "manual",
         PARKED_REASON_HEADER: "not found in the database",
     }));
     delivery_headers.insert(
         "x-first-death-reason".into(),
-        amqp::string_header("rejected"),
+        tocsin_broker::string_header("rejected"),
     );
     for (body, headers) in [
         (event.to_bytes(), Default::default()),
@@ -553,7 +350,7 @@ async fn parked_messages_are_listed_in_place_and_replayed_to_their_work_queues()
 
 #[tokio::test]
 async fn a_message_returned_past_the_delivery_limit_is_parked_with_the_brokers_reason() {
-    use tocsin_domain::amqp::topology::DELIVERY_LIMIT;
+    use tocsin_broker::topology::DELIVERY_LIMIT;
     let prefix = TestPrefix::new();
     let broker = broker_for(&prefix, "0s", "limit");
     let topology = broker.topology().clone();
@@ -603,7 +400,10 @@ async fn a_message_returned_past_the_delivery_limit_is_parked_with_the_brokers_r
     })
     .await;
     assert_eq!(parked.len(), 1);
-    assert_eq!(parked[0].body, amqp::ParkedBody::Delivery(delivery));
+    assert_eq!(
+        parked[0].body,
+        tocsin_broker::ParkedBody::Delivery(delivery)
+    );
     assert_eq!(parked[0].reason.as_deref(), Some("delivery_limit"));
     assert_eq!(
         parked[0].from_queue.as_deref(),

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::EventKind;
+use tocsin_domain::EventKind;
 
 /// Header with the number of the automatic attempt a delivery message asks for (1-based).
 pub const ATTEMPT_HEADER: &str = "tocsin-attempt";
