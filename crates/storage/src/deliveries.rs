@@ -1,9 +1,9 @@
 //! Deliveries and their attempts: the delivery log. PostgreSQL is the source of truth for each
 //! delivery's state, attempt counts and next attempt time; every write here is one transition
-//! of the state machine in [`tocsin_domain::delivery`], guarded in SQL (compare-and-set on the state,
-//! the automatic attempt count and the attempt lease), so that no interleaving of dispatchers,
-//! redelivered messages, manual retries and sweeper passes makes an attempt the schedule does
-//! not allow or sends a request the attempt log does not show.
+//! of the state machine in [`tocsin_domain::delivery`], guarded in SQL (compare-and-set on the
+//! state, the automatic attempt count and the attempt lease), so that no interleaving of
+//! dispatchers, redelivered messages, manual retries and sweeper passes makes an attempt the
+//! schedule does not allow or sends a request the attempt log does not show.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
