@@ -3,11 +3,11 @@
 //! one), the log lines and the relay wake-ups are the same for both.
 
 use time::OffsetDateTime;
-use tocsin_domain::db::deliveries::{self, Delivery, DeliveryState};
-use tocsin_domain::db::incidents::{self, Incident};
-use tocsin_domain::db::outbox::NewEvent;
-use tocsin_domain::db::webhooks::{self, NewWebhook, Webhook};
 use tocsin_domain::IncidentStatus;
+use tocsin_storage::deliveries::{self, Delivery, DeliveryState};
+use tocsin_storage::incidents::{self, Incident};
+use tocsin_storage::outbox::NewEvent;
+use tocsin_storage::webhooks::{self, NewWebhook, Webhook};
 use uuid::Uuid;
 
 use crate::error::{AdminError, OrNotFound};

@@ -7,7 +7,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use diesel_async::{AsyncConnection, AsyncPgConnection};
-use tocsin_domain::db::{self, tokens, DbError, Page};
+use tocsin_storage::{tokens, DbError, Page};
 
 use crate::config::{
     DeliveriesAction, DeliveriesArgs, MigrateArgs, ParkedAction, ParkedArgs, PruneArgs,
@@ -17,17 +17,20 @@ use crate::routes::tokens::parse_name;
 
 /// Migrates, then connects.
 async fn connect(url: &str) -> anyhow::Result<AsyncPgConnection> {
-    db::migrate(url)
+    tocsin_storage::migrate(url)
         .await
         .context("DATABASE_URL: migrating the database")?;
-    AsyncPgConnection::establish(url)
-        .await
-        .with_context(|| format!("DATABASE_URL: connecting to {}", db::redact_url(url)))
+    AsyncPgConnection::establish(url).await.with_context(|| {
+        format!(
+            "DATABASE_URL: connecting to {}",
+            tocsin_domain::redact_url(url)
+        )
+    })
 }
 
 /// `tocsin-admin migrate`.
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
-    let applied = db::migrate(&args.common.database_url)
+    let applied = tocsin_storage::migrate(&args.common.database_url)
         .await
         .context("DATABASE_URL: migrating the database")?;
     eprintln!("applied {applied} migration(s); the database is up to date");
@@ -39,8 +42,12 @@ pub async fn prune(args: PruneArgs) -> anyhow::Result<()> {
     let mut conn = connect(&args.common.database_url).await?;
     let now = time::OffsetDateTime::now_utc();
     let keep = time::Duration::try_from(args.retention).context("--retention: too long")?;
-    let pruned =
-        db::retention::prune(&mut conn, now - keep, now - keep.min(time::Duration::DAY)).await?;
+    let pruned = tocsin_storage::retention::prune(
+        &mut conn,
+        now - keep,
+        now - keep.min(time::Duration::DAY),
+    )
+    .await?;
     eprintln!(
         "pruned {} deliveries (with their attempts), {} events, {} outbox rows",
         pruned.deliveries, pruned.events, pruned.outbox
@@ -51,7 +58,7 @@ pub async fn prune(args: PruneArgs) -> anyhow::Result<()> {
 /// `tocsin-admin parked ...`: reads and replays the parking queue (needs only `AMQP_URL` and
 /// `TOCSIN_AMQP_PREFIX`).
 pub async fn parked(args: ParkedArgs) -> anyhow::Result<()> {
-    use tocsin_domain::amqp::ParkedBody;
+    use tocsin_broker::ParkedBody;
     let broker = args.common.broker("admin-cli");
     let queue = broker.topology().parking_queue();
     let mut out = std::io::stdout().lock();
@@ -101,7 +108,7 @@ pub async fn parked(args: ParkedArgs) -> anyhow::Result<()> {
 
 /// `tocsin-admin deliveries ...`.
 pub async fn deliveries(args: DeliveriesArgs) -> anyhow::Result<()> {
-    use tocsin_domain::db::deliveries::{self as repo, DeliveryFilter, DeliveryState};
+    use tocsin_storage::deliveries::{self as repo, DeliveryFilter, DeliveryState};
     let mut conn = connect(&args.common.database_url).await?;
     let mut out = std::io::stdout().lock();
     match args.action {
@@ -139,8 +146,7 @@ pub async fn deliveries(args: DeliveriesArgs) -> anyhow::Result<()> {
             if delivery.state == tocsin_domain::delivery::DeliveryState::Succeeded {
                 anyhow::bail!("delivery {id} succeeded already: nothing is retried");
             }
-            let webhook =
-                tocsin_domain::db::webhooks::get_any(&mut conn, delivery.webhook_id).await?;
+            let webhook = tocsin_storage::webhooks::get_any(&mut conn, delivery.webhook_id).await?;
             if webhook.is_deleted() || !webhook.enabled {
                 anyhow::bail!(
                     "the webhook of delivery {id} is deleted or disabled: nothing would be sent"
@@ -150,7 +156,7 @@ pub async fn deliveries(args: DeliveriesArgs) -> anyhow::Result<()> {
             eprintln!("enqueued a manual attempt of delivery {id}");
         }
         DeliveriesAction::Recover { webhook, since } => {
-            let found = tocsin_domain::db::webhooks::get(&mut conn, webhook).await;
+            let found = tocsin_storage::webhooks::get(&mut conn, webhook).await;
             match found {
                 Ok(w) if w.enabled => {}
                 Ok(_) => anyhow::bail!("webhook {webhook} is disabled: enable it first"),

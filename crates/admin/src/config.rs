@@ -1,5 +1,5 @@
 //! Settings and command line of `tocsin-admin` (besides the common ones of
-//! `tocsin_domain::config`: `DATABASE_URL`, `AMQP_URL`, `TOCSIN_AMQP_PREFIX`, ...). Every
+//! `tocsin_web::config`: `DATABASE_URL`, `AMQP_URL`, `TOCSIN_AMQP_PREFIX`, ...). Every
 //! flag falls back to its environment variable.
 //!
 //! Serving (`tocsin-admin` or `tocsin-admin serve`):
@@ -23,7 +23,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use tocsin_domain::config::{parse_duration_arg, CommonConfig};
+use tocsin_web::config::{parse_duration_arg, CommonConfig};
 use uuid::Uuid;
 
 /// The admin API's bearer token. `Debug` does not print it.
@@ -279,7 +279,7 @@ pub struct PruneArgs {
     pub common: CommonConfig,
 
     /// Delete what is older than this.
-    #[arg(long, env = "TOCSIN_RETENTION", value_name = "TOCSIN_RETENTION", default_value = "30d", value_parser = tocsin_domain::config::parse_duration_arg)]
+    #[arg(long, env = "TOCSIN_RETENTION", value_name = "TOCSIN_RETENTION", default_value = "30d", value_parser = tocsin_web::config::parse_duration_arg)]
     pub retention: std::time::Duration,
 }
 

@@ -4,9 +4,9 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
-use tocsin_domain::db::incidents::StatusChangeError;
-use tocsin_domain::db::DbError;
 use tocsin_domain::TransitionError;
+use tocsin_storage::incidents::StatusChangeError;
+use tocsin_storage::DbError;
 use tocsin_web::ApiError;
 
 /// Seconds a client should wait after a 503.

@@ -4,10 +4,10 @@ use tocsin_admin::{Cli, Command};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli: Cli = tocsin_domain::config::parse_or_exit("tocsin-admin");
+    let cli: Cli = tocsin_web::config::parse_or_exit("tocsin-admin");
     let result = match cli.into_command() {
         Command::Serve(config) => {
-            tocsin_domain::config::init_tracing(config.common.log_format);
+            tocsin_web::config::init_tracing(config.common.log_format);
             match tocsin_admin::build(config).await {
                 Ok(app) => app.run_until_stopped().await,
                 Err(error) => Err(error),

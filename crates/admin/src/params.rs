@@ -3,7 +3,7 @@
 
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
-use tocsin_domain::db::{Cursor, Page};
+use tocsin_storage::{Cursor, Page};
 
 use crate::error::AdminError;
 

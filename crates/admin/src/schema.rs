@@ -5,8 +5,8 @@
 use std::borrow::Cow;
 
 use serde_json::Value;
-use tocsin_domain::db::deliveries::{AttemptError as DomainAttemptError, DeliveryState as State};
 use tocsin_domain::delivery::Trigger;
+use tocsin_storage::deliveries::{AttemptError as DomainAttemptError, DeliveryState as State};
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::RefOr;
 

@@ -5,8 +5,7 @@ use actix_web::middleware::from_fn;
 use actix_web::web;
 use anyhow::Context;
 use prometheus::Registry;
-use tocsin_domain::db;
-use tocsin_domain::relay::OutboxRelay;
+use tocsin_storage::relay::OutboxRelay;
 use tocsin_web::{Background, HttpMetrics, Readiness, Service};
 
 use crate::auth::require_admin_token;
@@ -29,7 +28,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     token.check()?;
     let common = &config.common;
     common.warn_if_schedule_shortened();
-    db::migrate(&common.database_url)
+    tocsin_storage::migrate(&common.database_url)
         .await
         .context("DATABASE_URL: migrating the database")?;
     let pool = common.pool()?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use actix_web::{web, HttpRequest};
 use serde::de::DeserializeOwned;
-use tocsin_domain::db::{DbConn, DbError, DbPool};
+use tocsin_storage::{DbConn, DbError, DbPool};
 use tocsin_web::{json, ApiError};
 use tokio::sync::Notify;
 

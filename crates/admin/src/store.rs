@@ -3,13 +3,13 @@
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use time::OffsetDateTime;
-use tocsin_domain::amqp::messages::Trigger;
-use tocsin_domain::db::outbox::{self, NewEvent};
-use tocsin_domain::db::webhooks::{self, Webhook, WebhookChanges};
-use tocsin_domain::db::{deliveries, DbError};
+use tocsin_domain::delivery::Trigger;
 use tocsin_domain::{
     EventKind, EventPayload, IncidentData, IncidentStatus, RetrySettings, Severity,
 };
+use tocsin_storage::outbox::{self, NewEvent};
+use tocsin_storage::webhooks::{self, Webhook, WebhookChanges};
+use tocsin_storage::{deliveries, DbError};
 use uuid::Uuid;
 
 /// Outbox rows written per statement (each row binds three parameters; PostgreSQL allows

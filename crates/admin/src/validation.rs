@@ -4,8 +4,8 @@
 
 use std::collections::BTreeSet;
 
-use tocsin_domain::db::webhooks::{NewWebhook, WebhookChanges};
 use tocsin_domain::{EventKind, InvalidRetry, RetrySettings, TargetUrl, WebhookName};
+use tocsin_storage::webhooks::{NewWebhook, WebhookChanges};
 
 use crate::error::AdminError;
 use crate::store::WebhookPatch;

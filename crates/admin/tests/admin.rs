@@ -14,16 +14,16 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use time::OffsetDateTime;
 use tocsin_admin::Config;
+use tocsin_broker::messages::DeliveryMessage;
+use tocsin_broker::Outgoing;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
-use tocsin_domain::amqp::messages::DeliveryMessage;
-use tocsin_domain::amqp::{self, Outgoing};
-use tocsin_domain::config::CommonConfig;
-use tocsin_domain::db::outbox::{self, NewEvent};
-use tocsin_domain::db::tokens;
 use tocsin_domain::{
     AccessToken, EventKind, EventPayload, IncidentData, IncidentStatus, IncidentTitle, Severity,
 };
+use tocsin_storage::outbox::{self, NewEvent};
+use tocsin_storage::tokens;
 use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestDb, TestPrefix};
+use tocsin_web::config::CommonConfig;
 use uuid::Uuid;
 
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -561,9 +561,7 @@ async fn webhooks_are_created_read_changed_and_deleted() {
         .await;
     assert_eq!(revealed["secret"], new_secret);
     let mut conn = admin.conn().await;
-    let stored = tocsin_domain::db::webhooks::get(&mut conn, id)
-        .await
-        .unwrap();
+    let stored = tocsin_storage::webhooks::get(&mut conn, id).await.unwrap();
     let signing: Vec<&str> = stored
         .signing_secrets(OffsetDateTime::now_utc())
         .into_iter()
@@ -1658,7 +1656,7 @@ async fn the_token_cli_prints_a_token_that_ingest_accepts() {
 }
 
 /// Messages waiting in the delivery queue.
-async fn waiting(broker: &amqp::Broker) -> u32 {
+async fn waiting(broker: &tocsin_broker::Broker) -> u32 {
     let queue = broker.topology().delivery_queue();
     broker
         .queue_depths()
@@ -1689,7 +1687,7 @@ async fn every_cli_subcommand_does_its_job() {
     assert!(
         said.contains(&format!(
             "applied {} migration(s)",
-            tocsin_domain::db::migration_count()
+            tocsin_storage::migration_count()
         )),
         "{said}"
     );
@@ -1849,7 +1847,7 @@ async fn every_cli_subcommand_does_its_job() {
                 exchange: broker.topology().parking_exchange(),
                 routing_key: String::new(),
                 body,
-                headers: amqp::headers_from_json(&json!({"tocsin-parked-reason": "test"})),
+                headers: tocsin_broker::headers_from_json(&json!({"tocsin-parked-reason": "test"})),
             })
             .await
             .unwrap();

@@ -12,9 +12,9 @@ use proptest::prelude::*;
 use reqwest::Method;
 use serde_json::{json, Value};
 use tocsin_admin::Config;
-use tocsin_domain::config::CommonConfig;
 use tocsin_testkit::fuzz::{self, Budget};
 use tocsin_testkit::{amqp_url, TestDb, TestPrefix};
+use tocsin_web::config::CommonConfig;
 
 const TOKEN: &str = "fuzz-admin-token-0123456789";
 const NIL: &str = "00000000-0000-0000-0000-000000000000";

@@ -12,12 +12,12 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 use tocsin_admin::Config;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
-use tocsin_domain::config::CommonConfig;
-use tocsin_domain::db::outbox::{self, NewEvent};
 use tocsin_domain::{
     EventKind, EventPayload, IncidentData, IncidentStatus, IncidentTitle, Severity,
 };
+use tocsin_storage::outbox::{self, NewEvent};
 use tocsin_testkit::{amqp_url, TestDb, TestPrefix};
+use tocsin_web::config::CommonConfig;
 use uuid::Uuid;
 
 const ADMIN_TOKEN: &str = "pages-admin-token-0123456789";

@@ -1,4 +1,4 @@
-//! Settings of `tocsin-dispatcher` (besides the common ones of `tocsin_domain::config`):
+//! Settings of `tocsin-dispatcher` (besides the common ones of `tocsin_web::config`):
 //!
 //! | variable | default | meaning |
 //! |---|---|---|
@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use tocsin_domain::config::{parse_duration_arg, CommonConfig};
+use tocsin_web::config::{parse_duration_arg, CommonConfig};
 
 use crate::ssrf::TargetPolicy;
 

@@ -7,13 +7,13 @@ use std::time::Duration;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use tocsin_domain::amqp::messages::{DeliveryMessage, ATTEMPT_HEADER, PARKED_REASON_HEADER};
-use tocsin_domain::amqp::topology::DELIVERY_ROUTING_KEY;
-use tocsin_domain::amqp::{string_header, Broker, Outgoing};
-use tocsin_domain::db::deliveries::{Claim, Completed, Completion, Due, FanOut, FannedOut, Job};
-use tocsin_domain::db::{DbBatcher, DbError, DbPool};
+use tocsin_broker::messages::{DeliveryMessage, ATTEMPT_HEADER, PARKED_REASON_HEADER};
+use tocsin_broker::topology::DELIVERY_ROUTING_KEY;
+use tocsin_broker::{string_header, Broker, Outgoing};
 use tocsin_domain::delivery::Trigger;
 use tocsin_domain::RetrySchedule;
+use tocsin_storage::deliveries::{Claim, Completed, Completion, Due, FanOut, FannedOut, Job};
+use tocsin_storage::{DbBatcher, DbError, DbPool};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -108,7 +108,7 @@ impl Context {
             AMQPValue::LongLongInt(i64::from(due.auto_attempts + 1)),
         );
         headers.insert(
-            tocsin_domain::amqp::messages::TRIGGER_HEADER.into(),
+            tocsin_broker::messages::TRIGGER_HEADER.into(),
             string_header(Trigger::Automatic.as_str()),
         );
         Outgoing {

@@ -11,12 +11,11 @@ use std::time::Instant;
 use lapin::message::Delivery;
 use serde_json::{Map, Value};
 use time::OffsetDateTime;
-use tocsin_domain::amqp::messages::{DeliveryMessage, ATTEMPT_HEADER, TRIGGER_HEADER};
-use tocsin_domain::amqp::{header_int, header_str};
-use tocsin_domain::db;
-use tocsin_domain::db::deliveries::{self, AttemptResult, Claim, Completion, Due, Job};
+use tocsin_broker::messages::{DeliveryMessage, ATTEMPT_HEADER, TRIGGER_HEADER};
+use tocsin_broker::{header_int, header_str};
 use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger};
 use tocsin_domain::signing::{self, headers};
+use tocsin_storage::deliveries::{self, AttemptResult, Claim, Completion, Due, Job};
 use tokio::sync::oneshot;
 
 use crate::context::{retry_db, Context, Outcome};
@@ -111,7 +110,7 @@ fn tell(claimed: Claimed) {
 
 #[tracing::instrument(skip_all, fields(delivery_id = %due.delivery_id, webhook_id = %due.webhook_id))]
 async fn wait(ctx: &Context, due: Due) -> Outcome {
-    match retry_db!(ctx, db::submit(&ctx.waits, due).await) {
+    match retry_db!(ctx, tocsin_storage::submit(&ctx.waits, due).await) {
         Ok(true) => {
             ctx.metrics.waited.inc();
             tracing::debug!("webhook busy; delivery waiting");
@@ -130,7 +129,7 @@ async fn attempt(ctx: &Context, claim: Claim, slot: Option<Slot>, claimed: Claim
     let Ok(_request) = ctx.requests.acquire().await else {
         return Outcome::Requeue;
     };
-    let job = retry_db!(ctx, db::submit(&ctx.claims, claim).await);
+    let job = retry_db!(ctx, tocsin_storage::submit(&ctx.claims, claim).await);
     tell(claimed);
     let job = match job {
         Ok(Some(job)) => job,
@@ -184,7 +183,10 @@ async fn make(ctx: &Context, job: Job, slot: Option<Slot>) -> Outcome {
         result,
         transition,
     };
-    let completed = match retry_db!(ctx, db::submit(&ctx.completions, completion.clone()).await) {
+    let completed = match retry_db!(
+        ctx,
+        tocsin_storage::submit(&ctx.completions, completion.clone()).await
+    ) {
         Ok(Some(completed)) => completed,
         // Recorded as interrupted meanwhile (this dispatcher outlived its lease).
         Ok(None) => return Outcome::Done,
@@ -227,7 +229,10 @@ async fn refused(ctx: &Context, claim: Claim) -> Outcome {
         );
         return Outcome::Done;
     }
-    match retry_db!(ctx, db::submit(&ctx.stops, claim.delivery_id).await) {
+    match retry_db!(
+        ctx,
+        tocsin_storage::submit(&ctx.stops, claim.delivery_id).await
+    ) {
         Ok(stopped) => {
             if stopped {
                 tracing::info!("no further attempt allowed; delivery failed");

@@ -9,9 +9,8 @@
 use std::sync::Arc;
 
 use lapin::message::Delivery;
-use tocsin_domain::amqp::messages::EventMessage;
-use tocsin_domain::db;
-use tocsin_domain::db::deliveries::{Due, FanOut, FannedOut, Job};
+use tocsin_broker::messages::EventMessage;
+use tocsin_storage::deliveries::{Due, FanOut, FannedOut, Job};
 use tokio::sync::oneshot;
 
 use crate::context::{retry_db, Context, Outcome};
@@ -41,7 +40,7 @@ async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) ->
         waiting,
     } = match retry_db!(
         ctx,
-        db::submit(&ctx.fanouts, (request.clone(), room.clone())).await
+        tocsin_storage::submit(&ctx.fanouts, (request.clone(), room.clone())).await
     ) {
         Ok(fanned) => fanned,
         Err(outcome) => return outcome,

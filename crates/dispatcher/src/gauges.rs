@@ -26,7 +26,7 @@ pub(crate) async fn refresh_gauges(
             }
         }
         if let Ok(mut conn) = ctx.pool.get().await {
-            if let Ok(counts) = tocsin_domain::db::deliveries::count_unfinished(&mut conn).await {
+            if let Ok(counts) = tocsin_storage::deliveries::count_unfinished(&mut conn).await {
                 for (state, n) in counts {
                     ctx.metrics
                         .unfinished

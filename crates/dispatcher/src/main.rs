@@ -4,8 +4,8 @@ use tocsin_dispatcher::Config;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let config: Config = tocsin_domain::config::parse_or_exit("tocsin-dispatcher");
-    tocsin_domain::config::init_tracing(config.common.log_format);
+    let config: Config = tocsin_web::config::parse_or_exit("tocsin-dispatcher");
+    tocsin_web::config::init_tracing(config.common.log_format);
     let app = match tocsin_dispatcher::build(config).await {
         Ok(app) => app,
         Err(error) => {

@@ -9,11 +9,11 @@ use anyhow::Context as _;
 use diesel_async::AsyncPgConnection;
 use futures::future::BoxFuture;
 use prometheus::Registry;
-use tocsin_domain::amqp::{run_consumer, ConsumerOptions};
-use tocsin_domain::db::deliveries::{
+use tocsin_broker::{run_consumer, ConsumerOptions};
+use tocsin_storage::deliveries::{
     self, Claim, ClaimRules, FanOut, FanOutRules, FannedOut, WaitReason,
 };
-use tocsin_domain::db::{self, DbError};
+use tocsin_storage::DbError;
 use tocsin_web::{Background, HttpMetrics, Readiness, Service};
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
@@ -54,7 +54,7 @@ fn http_client(policy: Arc<TargetPolicy>) -> anyhow::Result<reqwest::Client> {
 pub async fn build(config: Config) -> anyhow::Result<App> {
     let common = &config.common;
     common.warn_if_schedule_shortened();
-    db::migrate(&common.database_url)
+    tocsin_storage::migrate(&common.database_url)
         .await
         .context("DATABASE_URL: migrating the database")?;
     let pool = common.pool()?;
@@ -82,8 +82,8 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         slots: WebhookSlots::new(usize::from(config.webhook_concurrency)),
         requests: Arc::new(Semaphore::new(usize::from(config.concurrency))),
         tasks: TaskTracker::new(),
-        fanouts: db::batcher(&pool, MAX_BATCH, BATCH_WORKERS, fan_out_batch),
-        claims: db::batcher(
+        fanouts: tocsin_storage::batcher(&pool, MAX_BATCH, BATCH_WORKERS, fan_out_batch),
+        claims: tocsin_storage::batcher(
             &pool,
             MAX_BATCH,
             BATCH_WORKERS,
@@ -91,13 +91,13 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
                 Box::pin(deliveries::claim(conn, claims, claim_rules))
             },
         ),
-        completions: db::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, items| {
+        completions: tocsin_storage::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, items| {
             Box::pin(deliveries::complete(conn, items))
         }),
-        waits: db::batcher(&pool, MAX_BATCH, 1, |conn, items| {
+        waits: tocsin_storage::batcher(&pool, MAX_BATCH, 1, |conn, items| {
             Box::pin(deliveries::wait(conn, items, WaitReason::WebhookBusy))
         }),
-        stops: db::batcher(
+        stops: tocsin_storage::batcher(
             &pool,
             MAX_BATCH,
             1,

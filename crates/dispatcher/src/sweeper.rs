@@ -9,9 +9,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tocsin_domain::db::deliveries::{self, AttemptResult, Completion, Due};
-use tocsin_domain::db::{self, DbError};
 use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger};
+use tocsin_storage::deliveries::{self, AttemptResult, Completion, Due};
+use tocsin_storage::DbError;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, LEASE_MARGIN};
@@ -106,7 +106,7 @@ async fn record_interrupted(ctx: &Context) -> anyhow::Result<usize> {
             result: AttemptResult::interrupted(),
             transition,
         };
-        let Some(completed) = db::submit(&ctx.completions, completion).await? else {
+        let Some(completed) = tocsin_storage::submit(&ctx.completions, completion).await? else {
             continue;
         };
         recorded += 1;
@@ -162,7 +162,7 @@ pub(crate) async fn prune(
         let outbox_keep = keep.min(time::Duration::DAY);
         let result = async {
             let mut conn = ctx.pool.get().await.map_err(DbError::from)?;
-            tocsin_domain::db::retention::prune(&mut conn, now - keep, now - outbox_keep).await
+            tocsin_storage::retention::prune(&mut conn, now - keep, now - outbox_keep).await
         }
         .await;
         match result {

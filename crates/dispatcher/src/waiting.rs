@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tocsin_domain::db::deliveries;
-use tocsin_domain::db::DbError;
+use tocsin_storage::deliveries;
+use tocsin_storage::DbError;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;

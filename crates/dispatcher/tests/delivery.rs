@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use common::{Harness, DEADLINE};
 use lapin::options::QueuePurgeOptions;
-use tocsin_domain::db::deliveries::{DeliveryState, WaitReason};
-use tocsin_domain::db::{outbox, webhooks};
 use tocsin_domain::delivery::Trigger;
 use tocsin_domain::{signing, EventKind, WebhookSecret};
+use tocsin_storage::deliveries::{DeliveryState, WaitReason};
+use tocsin_storage::{outbox, webhooks};
 use tocsin_testkit::{wait_for, wait_until, Behavior, Receiver, FAST_RETRY_DELAYS};
 
 const ALL: [EventKind; 3] = EventKind::ALL;
@@ -963,7 +963,7 @@ async fn metrics_show_queue_depths_and_the_unfinished_backlog() {
     harness.open("backlog-1").await;
     harness.open("backlog-2").await;
     let mut conn = harness.conn().await;
-    let pending = tocsin_domain::db::deliveries::FanOut {
+    let pending = tocsin_storage::deliveries::FanOut {
         event_id: uuid::Uuid::nil(),
         kind: EventKind::IncidentOpened,
         incident_id: uuid::Uuid::nil(),
@@ -980,18 +980,18 @@ async fn metrics_show_queue_depths_and_the_unfinished_backlog() {
     let fan_outs: Vec<_> = events
         .iter()
         .map(
-            |(event_id, incident_id)| tocsin_domain::db::deliveries::FanOut {
+            |(event_id, incident_id)| tocsin_storage::deliveries::FanOut {
                 event_id: *event_id,
                 incident_id: *incident_id,
                 ..pending.clone()
             },
         )
         .collect();
-    let rules = tocsin_domain::db::deliveries::FanOutRules {
+    let rules = tocsin_storage::deliveries::FanOutRules {
         claim: false,
         lease_margin: Duration::from_secs(5),
     };
-    tocsin_domain::db::deliveries::fan_out(&mut conn, &fan_outs, &[], rules)
+    tocsin_storage::deliveries::fan_out(&mut conn, &fan_outs, &[], rules)
         .await
         .unwrap();
     diesel_async::RunQueryDsl::execute(

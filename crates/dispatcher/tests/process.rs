@@ -7,8 +7,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{Harness, DEADLINE};
-use tocsin_domain::db::deliveries::DeliveryState;
 use tocsin_domain::EventKind;
+use tocsin_storage::deliveries::DeliveryState;
 use tocsin_testkit::{free_port, wait_until, Behavior, Receiver, ServiceProcess};
 
 fn spawn_dispatcher(harness: &Harness, port: u16) -> ServiceProcess {

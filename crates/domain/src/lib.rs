@@ -1,17 +1,15 @@
-//! Tocsin's domain: what ingest, dispatcher and admin share. Types that can only hold valid
-//! values, Standard Webhooks signing, the retry schedule, the inbound alert parsers, the
-//! PostgreSQL schema and repositories, the transactional outbox and its relay, and the RabbitMQ
-//! topology. It knows nothing of HTTP frameworks.
+//! Tocsin's domain: the pure rules that ingest, dispatcher and admin share, with no I/O. Types
+//! that can only hold valid values, the inbound alert parsers, Standard Webhooks signing, the
+//! retry schedule, the event payload, the delivery state machine ([`delivery`]), and the
+//! redaction of connection strings for logs. It knows nothing of HTTP, PostgreSQL or RabbitMQ:
+//! `tocsin-storage` stores these values and `tocsin-broker` carries them, both building on this
+//! crate (domain ← broker ← storage).
 
 pub mod alerts;
-pub mod amqp;
-pub mod batch;
-pub mod config;
-pub mod db;
 pub mod delivery;
 mod event;
 mod incident;
-pub mod relay;
+mod redact;
 pub mod retry;
 mod secret;
 mod severity;
@@ -21,6 +19,7 @@ mod webhook;
 
 pub use event::{rfc3339_utc, EventKind, EventPayload, IncidentData, InvalidEventKind};
 pub use incident::{IncidentStatus, IncidentTitle, InvalidStatus, InvalidTitle, TransitionError};
+pub use redact::redact_url;
 pub use retry::RetrySchedule;
 pub use secret::{InvalidSecret, WebhookSecret};
 pub use severity::{InvalidSeverity, Severity};

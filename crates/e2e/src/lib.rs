@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use serde_json::Value;
-use tocsin_domain::config::CommonConfig;
-use tocsin_domain::db::tokens;
+use tocsin_storage::tokens;
 use tocsin_testkit::{amqp_url, TestDb, TestPrefix};
+use tocsin_web::config::CommonConfig;
 use tokio_util::sync::CancellationToken;
 
 /// The admin token of test systems.

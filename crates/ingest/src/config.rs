@@ -1,4 +1,4 @@
-//! Settings of `tocsin-ingest` (besides the common ones of `tocsin_domain::config`):
+//! Settings of `tocsin-ingest` (besides the common ones of `tocsin_web::config`):
 //!
 //! | variable | default | meaning |
 //! |---|---|---|
@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use tocsin_domain::config::{parse_duration_arg, CommonConfig};
+use tocsin_web::config::{parse_duration_arg, CommonConfig};
 
 /// `tocsin-ingest` settings.
 #[derive(Debug, Clone, clap::Parser)]

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use tocsin_domain::alerts::{self, AlertAction, AlertError, AlertFormat, AlertSignal};
-use tocsin_domain::db::incidents::{Change, SignalOutcome};
-use tocsin_domain::db::{self, DbBatcher, DbError};
 use tocsin_domain::{AccessToken, EventKind, IncidentStatus};
+use tocsin_storage::incidents::{Change, SignalOutcome};
+use tocsin_storage::{DbBatcher, DbError};
 use tocsin_web::auth::bearer_token;
 use tocsin_web::body::{read_limited, BodyError};
 use tocsin_web::{json, ApiError};
@@ -194,7 +194,7 @@ async fn handle(
     let parsed = alerts::parse(&body, format)?;
     *format_label = parsed.format.as_str();
     let reply_key = parsed.signals.iter().find_map(|s| s.reply_key.clone());
-    let outcomes = db::submit(&state.alerts, parsed.signals).await?;
+    let outcomes = tocsin_storage::submit(&state.alerts, parsed.signals).await?;
     if outcomes.iter().any(|o| !o.events.is_empty()) {
         state.relay.notify_one();
     }
@@ -212,7 +212,7 @@ async fn authenticate(req: &HttpRequest, state: &IngestState) -> Result<Uuid, In
     let presented = bearer_token(req)
         .and_then(AccessToken::from_presented)
         .ok_or(IngestError::Unauthorized)?;
-    db::submit(&state.tokens, presented)
+    tocsin_storage::submit(&state.tokens, presented)
         .await?
         .ok_or(IngestError::Unauthorized)
 }

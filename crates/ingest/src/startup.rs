@@ -3,10 +3,9 @@
 use actix_web::web;
 use anyhow::Context;
 use prometheus::Registry;
-use tocsin_domain::db;
-use tocsin_domain::db::outbox::Wake;
-use tocsin_domain::db::{incidents, tokens};
-use tocsin_domain::relay::OutboxRelay;
+use tocsin_storage::outbox::Wake;
+use tocsin_storage::relay::OutboxRelay;
+use tocsin_storage::{incidents, tokens};
 use tocsin_web::{Background, HttpMetrics, Readiness, Service};
 
 use crate::config::Config;
@@ -26,7 +25,7 @@ pub type App = Service;
 pub async fn build(config: Config) -> anyhow::Result<App> {
     let common = &config.common;
     common.warn_if_schedule_shortened();
-    db::migrate(&common.database_url)
+    tocsin_storage::migrate(&common.database_url)
         .await
         .context("DATABASE_URL: migrating the database")?;
     let pool = common.pool()?;
@@ -41,10 +40,10 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         &registry,
     )?;
     let state = web::Data::new(IngestState {
-        tokens: db::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, presented| {
+        tokens: tocsin_storage::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, presented| {
             Box::pin(tokens::authenticate_all(conn, presented))
         }),
-        alerts: db::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, bodies| {
+        alerts: tocsin_storage::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, bodies| {
             Box::pin(incidents::apply_alerts(conn, bodies, Wake::Caller))
         }),
         relay: relay.waker(),

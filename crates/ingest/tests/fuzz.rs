@@ -11,11 +11,11 @@ use std::time::Duration;
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use proptest::prelude::*;
 use serde_json::{json, Value};
-use tocsin_domain::config::CommonConfig;
-use tocsin_domain::db::tokens;
 use tocsin_ingest::Config;
+use tocsin_storage::tokens;
 use tocsin_testkit::fuzz::{self, Budget};
 use tocsin_testkit::{amqp_url, TestDb, TestPrefix};
+use tocsin_web::config::CommonConfig;
 
 /// The fields the four parsers read.
 const FIELDS: &[&str] = &[

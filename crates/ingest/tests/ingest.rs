@@ -7,12 +7,12 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use lapin::options::BasicGetOptions;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use tocsin_domain::amqp::messages::EventMessage;
-use tocsin_domain::amqp::Broker;
-use tocsin_domain::config::CommonConfig;
-use tocsin_domain::db::{outbox, tokens};
+use tocsin_broker::messages::EventMessage;
+use tocsin_broker::Broker;
 use tocsin_ingest::Config;
+use tocsin_storage::{outbox, tokens};
 use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestDb, TestPrefix};
+use tocsin_web::config::CommonConfig;
 
 const DEADLINE: Duration = Duration::from_secs(15);
 

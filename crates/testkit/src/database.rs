@@ -22,7 +22,7 @@ static TEMPLATE: OnceCell<String> = OnceCell::const_new();
 /// The template's name carries a hash of the migrations, so a changed migration makes a new one.
 fn template_name() -> String {
     let mut context = digest::Context::new(&digest::SHA256);
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../domain/migrations");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../storage/migrations");
     let mut files = Vec::new();
     let mut dirs = vec![root];
     while let Some(dir) = dirs.pop() {
@@ -76,7 +76,7 @@ async fn ensure_template() -> anyhow::Result<String> {
             diesel::sql_query(format!("CREATE DATABASE {building}"))
                 .execute(&mut conn)
                 .await?;
-            tocsin_domain::db::migrate(&url_for(&building)).await?;
+            tocsin_storage::migrate(&url_for(&building)).await?;
             diesel::sql_query(format!("ALTER DATABASE {building} RENAME TO {name}"))
                 .execute(&mut conn)
                 .await?;
@@ -175,8 +175,8 @@ impl TestDb {
     }
 
     /// A pool on this database.
-    pub fn pool(&self) -> tocsin_domain::db::DbPool {
-        tocsin_domain::db::pool(&self.url, 8).expect("building a pool")
+    pub fn pool(&self) -> tocsin_storage::DbPool {
+        tocsin_storage::pool(&self.url, 8).expect("building a pool")
     }
 }
 

@@ -2,11 +2,11 @@
 //! attempts claimed and recorded as a dispatcher does, with no HTTP request.
 
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use tocsin_domain::db::deliveries::{
-    self, AttemptResult, Claim, ClaimRules, Completed, Completion, FanOut,
-};
 use tocsin_domain::delivery::{AttemptError, Transition, Trigger};
 use tocsin_domain::{EventKind, RetrySchedule};
+use tocsin_storage::deliveries::{
+    self, AttemptResult, Claim, ClaimRules, Completed, Completion, FanOut,
+};
 use uuid::Uuid;
 
 /// Creates the delivery of a recorded event to one webhook (as the fan-out of a test event

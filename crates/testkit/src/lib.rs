@@ -27,14 +27,14 @@ pub use receiver::{Behavior, Received, Receiver};
 pub use wait::{wait_for, wait_until};
 
 /// Applies the signals of one alert body as ingest does (see
-/// `tocsin_domain::db::incidents::apply_alerts`), answering its outcomes.
+/// `tocsin_storage::incidents::apply_alerts`), answering its outcomes.
 pub async fn apply_signals(
     conn: &mut diesel_async::AsyncPgConnection,
     signals: &[tocsin_domain::alerts::AlertSignal],
-    wake: tocsin_domain::db::outbox::Wake,
-) -> Result<Vec<tocsin_domain::db::incidents::SignalOutcome>, tocsin_domain::db::DbError> {
+    wake: tocsin_storage::outbox::Wake,
+) -> Result<Vec<tocsin_storage::incidents::SignalOutcome>, tocsin_storage::DbError> {
     let mut outcomes =
-        tocsin_domain::db::incidents::apply_alerts(conn, &[signals.to_vec()], wake).await?;
+        tocsin_storage::incidents::apply_alerts(conn, &[signals.to_vec()], wake).await?;
     Ok(outcomes.pop().unwrap_or_default())
 }
 

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use actix_web::{web, HttpResponse};
 use serde_json::json;
-use tocsin_domain::amqp::Broker;
-use tocsin_domain::db::{self, DbPool};
+use tocsin_broker::Broker;
+use tocsin_storage::DbPool;
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -20,7 +20,7 @@ impl Readiness {
     /// Checks both servers at once; `Err` carries a description of what is down.
     pub async fn check(&self) -> (Result<(), String>, Result<(), String>) {
         let postgres = async {
-            db::ping(&self.pool, CHECK_TIMEOUT)
+            tocsin_storage::ping(&self.pool, CHECK_TIMEOUT)
                 .await
                 .map_err(|e| e.to_string())
         };

@@ -1,9 +1,11 @@
-//! What Tocsin's HTTP services share over actix-web: the one JSON error shape, strict JSON body
-//! parsing that names the offending field, bearer tokens, `/healthz` `/readyz` `/metrics`, and
-//! a service runner that stops gracefully on SIGTERM.
+//! What Tocsin's three services share at start and over actix-web: the settings every service
+//! reads ([`config`]: the pool, the broker handle, logging), the one JSON error shape, strict
+//! JSON body parsing that names the offending field, bearer tokens, `/healthz` `/readyz`
+//! `/metrics`, and a service runner that stops gracefully on SIGTERM.
 
 pub mod auth;
 pub mod body;
+pub mod config;
 pub mod error;
 pub mod health;
 pub mod json;

@@ -7,9 +7,9 @@ use actix_web::http::header::ACCEPT;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use serde::Deserialize;
-use tocsin_domain::db::deliveries::{self as repo, DeliveryFilter, DeliveryState};
-use tocsin_domain::db::webhooks;
 use tocsin_domain::EventKind;
+use tocsin_storage::deliveries::{self as repo, DeliveryFilter, DeliveryState};
+use tocsin_storage::webhooks;
 use uuid::Uuid;
 
 use super::session::{signed_form, Session};

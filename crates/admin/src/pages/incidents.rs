@@ -4,8 +4,8 @@
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
-use tocsin_domain::db::incidents::{self as repo, IncidentFilter};
 use tocsin_domain::IncidentStatus;
+use tocsin_storage::incidents::{self as repo, IncidentFilter};
 use uuid::Uuid;
 
 use super::session::{signed_form, Session};

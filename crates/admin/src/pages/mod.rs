@@ -17,8 +17,8 @@ use actix_web::http::StatusCode;
 use actix_web::middleware::DefaultHeaders;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use askama::Template;
-use tocsin_domain::db::DbError;
 use tocsin_domain::RetrySchedule;
+use tocsin_storage::DbError;
 
 use crate::config::AdminToken;
 use crate::error::AdminError;

@@ -8,8 +8,8 @@ use askama::Template;
 use time::format_description::well_known::Rfc3339;
 use time::macros::format_description;
 use time::OffsetDateTime;
-use tocsin_domain::db::deliveries::DeliveryState;
 use tocsin_domain::{EventKind, RetrySchedule};
+use tocsin_storage::deliveries::DeliveryState;
 
 use super::assets;
 

@@ -10,9 +10,9 @@ use serde::Deserialize;
 use time::format_description::well_known::Rfc3339;
 use time::macros::format_description;
 use time::{OffsetDateTime, PrimitiveDateTime};
-use tocsin_domain::db::deliveries::{self, DeliveryFilter};
-use tocsin_domain::db::webhooks::{self as repo, Webhook};
 use tocsin_domain::{EventKind, InvalidRetry, RetrySettings};
+use tocsin_storage::deliveries::{self, DeliveryFilter};
+use tocsin_storage::webhooks::{self as repo, Webhook};
 use uuid::Uuid;
 
 use super::deliveries::{delivery_log, LogQuery};

@@ -3,8 +3,8 @@
 use actix_web::{web, HttpResponse};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
-use tocsin_domain::db::deliveries::{self as repo, DeliveryFilter, DeliveryState, WaitReason};
 use tocsin_domain::EventKind;
+use tocsin_storage::deliveries::{self as repo, DeliveryFilter, DeliveryState, WaitReason};
 use utoipa::ToSchema;
 use uuid::Uuid;
 

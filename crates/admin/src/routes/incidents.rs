@@ -4,8 +4,8 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
-use tocsin_domain::db::incidents::{self as repo, IncidentFilter};
 use tocsin_domain::{EventKind, IncidentStatus, Severity};
+use tocsin_storage::incidents::{self as repo, IncidentFilter};
 use utoipa::ToSchema;
 use uuid::Uuid;
 

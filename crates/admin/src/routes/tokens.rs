@@ -3,8 +3,8 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
-use tocsin_domain::db::tokens as repo;
 use tocsin_domain::{InvalidName, WebhookName};
+use tocsin_storage::tokens as repo;
 use utoipa::ToSchema;
 use uuid::Uuid;
 

@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Deserializer, Serialize};
 use time::OffsetDateTime;
-use tocsin_domain::db::webhooks::{self as repo, NewWebhook as NewRecord};
 use tocsin_domain::EventKind;
+use tocsin_storage::webhooks::{self as repo, NewWebhook as NewRecord};
 use utoipa::ToSchema;
 use uuid::Uuid;
 

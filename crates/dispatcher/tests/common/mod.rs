@@ -10,15 +10,13 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 use prometheus::Registry;
 use tocsin_dispatcher::Config;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
-use tocsin_domain::config::CommonConfig;
-use tocsin_domain::db::deliveries::{
-    self, Delivery, DeliveryDetail, DeliveryFilter, DeliveryState,
-};
-use tocsin_domain::db::webhooks::{self, NewWebhook, Webhook};
-use tocsin_domain::db::{outbox, Page};
-use tocsin_domain::relay::OutboxRelay;
 use tocsin_domain::{EventKind, IncidentTitle, RetrySettings, Severity, TargetUrl, WebhookName};
+use tocsin_storage::deliveries::{self, Delivery, DeliveryDetail, DeliveryFilter, DeliveryState};
+use tocsin_storage::relay::OutboxRelay;
+use tocsin_storage::webhooks::{self, NewWebhook, Webhook};
+use tocsin_storage::{outbox, Page};
 use tocsin_testkit::{amqp_url, wait_for, wait_until, TestDb, TestPrefix};
+use tocsin_web::config::CommonConfig;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 

@@ -1,89 +1,35 @@
 //! RabbitMQ against the real broker: the topology as the broker reports it, retry queues that
-//! dead-letter back, the outbox relay (each event to the events exchange, each manual attempt to
-//! the delivery queue, exactly once, and after an outage), and a consumer that survives losing
-//! its connection.
+//! dead-letter back, unroutable publishes, a consumer that survives losing its connection, a
+//! list of brokers, and the parking queue. (The outbox relay, which publishes through a broker
+//! handle, is tested with the storage: `crates/storage/tests/relay.rs`.)
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use diesel_async::{AsyncConnection, AsyncPgConnection};
 use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions};
-use prometheus::Registry;
-use tocsin_domain::alerts::{AlertAction, AlertSignal};
-use tocsin_domain::amqp::messages::{
-    DeliveryMessage, EventMessage, Trigger, ATTEMPT_HEADER, TRIGGER_HEADER,
+use tocsin_broker::messages::{DeliveryMessage, ATTEMPT_HEADER};
+use tocsin_broker::topology::DELIVERY_ROUTING_KEY;
+use tocsin_broker::{
+    header_int, header_str, run_consumer, Broker, ConsumerOptions, Outgoing, QueueType, Topology,
 };
-use tocsin_domain::amqp::topology::DELIVERY_ROUTING_KEY;
-use tocsin_domain::amqp::{
-    self, header_int, header_str, run_consumer, Broker, ConsumerOptions, Outgoing,
-};
-use tocsin_domain::config::CommonConfig;
-use tocsin_domain::db::deliveries;
-use tocsin_domain::db::outbox::{self, NewEvent};
-use tocsin_domain::db::webhooks::{self, NewWebhook};
-use tocsin_domain::relay::OutboxRelay;
-use tocsin_domain::{
-    EventKind, IncidentTitle, RetrySchedule, RetrySettings, Severity, TargetUrl, WebhookName,
-};
-use tocsin_testkit::deliveries::create_delivery;
-use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestDb, TestPrefix};
+use tocsin_domain::{EventKind, RetrySchedule};
+use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestPrefix};
 use tokio_util::sync::CancellationToken;
 
 const DEADLINE: Duration = Duration::from_secs(15);
 /// How long a reconnection after an outage may take.
 const RECOVERY_DEADLINE: Duration = Duration::from_secs(60);
 
-fn config(db: &TestDb, prefix: &TestPrefix, delays: &str) -> CommonConfig {
-    let mut config = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix);
-    config.retry_delays = delays.parse().unwrap();
-    config
+/// A handle on the broker at `url` (one address or a list), with the test's prefix and the
+/// given retry schedule, made as the services make theirs (connection named `tocsin-<name>`).
+fn broker_at(url: &str, prefix: &TestPrefix, delays: &str, name: &str) -> Broker {
+    let topology = Topology::new(&prefix.prefix, &delays.parse().unwrap(), QueueType::Quorum);
+    Broker::new(url, topology, &format!("tocsin-{name}"))
 }
 
-/// Opens an incident; returns its `incidents.opened` event.
-async fn open_incident(db: &TestDb, key: &str) -> NewEvent {
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    let signal = AlertSignal {
-        dedup_key: key.into(),
-        action: AlertAction::Trigger,
-        title: IncidentTitle::parse("CPU hot").unwrap(),
-        severity: Severity::SEV3,
-        description: None,
-        source: None,
-        reply_key: None,
-    };
-    tocsin_testkit::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
-        .await
-        .unwrap()[0]
-        .events[0]
-        .clone()
-}
-
-/// A webhook for `incidents.opened`.
-async fn subscribe(db: &TestDb) -> uuid::Uuid {
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    let new = NewWebhook {
-        name: WebhookName::parse("opened").unwrap(),
-        url: TargetUrl::parse("https://example.com/").unwrap(),
-        events: [EventKind::IncidentOpened].into_iter().collect(),
-        retry: RetrySettings::default(),
-        enabled: true,
-    };
-    webhooks::create(&mut conn, &new).await.unwrap().id
-}
-
-/// A broker handle and a relay over it, drained by hand (its fallback poll is not running).
-fn broker_and_relay(db: &TestDb, prefix: &TestPrefix) -> (Broker, OutboxRelay) {
-    let broker = config(db, prefix, "0s").broker("test");
-    let relay = OutboxRelay::new(
-        db.pool(),
-        broker.clone(),
-        &db.url,
-        Duration::from_secs(1),
-        &Registry::new(),
-    )
-    .unwrap();
-    (broker, relay)
+/// A handle on the test broker.
+fn broker_for(prefix: &TestPrefix, delays: &str, name: &str) -> Broker {
+    broker_at(&amqp_url(), prefix, delays, name)
 }
 
 /// Takes every message waiting in a queue.
@@ -102,10 +48,8 @@ async fn drain_queue(broker: &Broker, queue: &str) -> Vec<lapin::message::Delive
 
 #[tokio::test]
 async fn the_broker_reports_the_declared_topology() {
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
-    let config = config(&db, &prefix, RetrySchedule::DEFAULT_TEXT);
-    let broker = config.broker("test");
+    let broker = broker_for(&prefix, RetrySchedule::DEFAULT_TEXT, "test");
     broker.check().await.expect("declaring the topology");
     let p = &prefix.prefix;
 
@@ -145,10 +89,8 @@ async fn the_broker_reports_the_declared_topology() {
 
 #[tokio::test]
 async fn a_retry_queue_dead_letters_back_to_the_delivery_queue_with_headers_intact() {
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
-    let config = config(&db, &prefix, "0s,300ms");
-    let broker = config.broker("test");
+    let broker = broker_for(&prefix, "0s,300ms", "test");
     let topology = broker.topology().clone();
     let mut headers = lapin::types::FieldTable::default();
     headers.insert(
@@ -180,18 +122,9 @@ async fn a_retry_queue_dead_letters_back_to_the_delivery_queue_with_headers_inta
 
 #[tokio::test]
 async fn changing_the_schedule_does_not_fail_on_existing_queues() {
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
-    config(&db, &prefix, "0s,1s,2s")
-        .broker("a")
-        .check()
-        .await
-        .unwrap();
-    config(&db, &prefix, "0s,3s")
-        .broker("b")
-        .check()
-        .await
-        .unwrap();
+    broker_for(&prefix, "0s,1s,2s", "a").check().await.unwrap();
+    broker_for(&prefix, "0s,3s", "b").check().await.unwrap();
     let names = prefix.queue_names().await;
     for delay in ["1s", "2s", "3s"] {
         assert!(
@@ -203,9 +136,8 @@ async fn changing_the_schedule_does_not_fail_on_existing_queues() {
 
 #[tokio::test]
 async fn unroutable_publishes_are_errors() {
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
-    let broker = config(&db, &prefix, "0s").broker("test");
+    let broker = broker_for(&prefix, "0s", "test");
     let error = broker
         .publish(Outgoing {
             exchange: broker.topology().events_exchange(),
@@ -215,164 +147,19 @@ async fn unroutable_publishes_are_errors() {
         })
         .await
         .unwrap_err();
-    assert!(matches!(error, amqp::BrokerError::Unroutable(_)), "{error}");
-}
-
-/// An event's outbox row goes to the events exchange, whose fan-out queue receives its
-/// [`EventMessage`], once; whether anyone subscribes is the dispatchers' business.
-#[tokio::test]
-async fn the_relay_publishes_an_event_row_to_the_events_exchange_exactly_once() {
-    let db = TestDb::new().await;
-    let prefix = TestPrefix::new();
-    let (broker, relay) = broker_and_relay(&db, &prefix);
-    let event = open_incident(&db, "once").await;
-
-    assert_eq!(relay.drain().await.unwrap(), 1);
-    assert_eq!(
-        relay.drain().await.unwrap(),
-        0,
-        "a published row is not published again"
+    assert!(
+        matches!(error, tocsin_broker::BrokerError::Unroutable(_)),
+        "{error}"
     );
-    let topology = broker.topology();
-    let messages = drain_queue(&broker, &topology.fanout_queue()).await;
-    assert_eq!(messages.len(), 1);
-    let message = EventMessage::from_bytes(&messages[0].data).unwrap();
-    assert_eq!(message, event.message());
-    assert_eq!(message.event, EventKind::IncidentOpened);
-    assert_eq!(message.test_webhook_id, None);
-    assert!(drain_queue(&broker, &topology.delivery_queue())
-        .await
-        .is_empty());
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 0);
-}
-
-/// A manual attempt's outbox row goes to the delivery queue with its trigger header, not to the
-/// events exchange.
-#[tokio::test]
-async fn the_relay_publishes_a_delivery_row_to_the_delivery_queue() {
-    let db = TestDb::new().await;
-    let prefix = TestPrefix::new();
-    let (broker, relay) = broker_and_relay(&db, &prefix);
-    let webhook = subscribe(&db).await;
-    let event = open_incident(&db, "manual").await;
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    let delivery_id =
-        create_delivery(&mut conn, event.id, event.kind, event.incident_id, webhook).await;
-    assert_eq!(relay.drain().await.unwrap(), 1, "the event");
-    let topology = broker.topology();
-    assert_eq!(
-        drain_queue(&broker, &topology.fanout_queue()).await.len(),
-        1
-    );
-
-    outbox::enqueue_attempt(&mut conn, &[delivery_id], Trigger::Manual)
-        .await
-        .unwrap();
-    assert_eq!(relay.drain().await.unwrap(), 1, "the manual attempt");
-    let messages = drain_queue(&broker, &topology.delivery_queue()).await;
-    assert_eq!(messages.len(), 1);
-    let message = DeliveryMessage::from_bytes(&messages[0].data).unwrap();
-    assert_eq!(message.delivery_id, delivery_id);
-    assert_eq!(
-        header_str(&messages[0].properties, TRIGGER_HEADER).as_deref(),
-        Some("manual")
-    );
-    assert!(drain_queue(&broker, &topology.fanout_queue())
-        .await
-        .is_empty());
-    let delivery = deliveries::get(&mut conn, delivery_id).await.unwrap();
-    assert_eq!(delivery.webhook_id, webhook);
-    assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 0);
-}
-
-#[tokio::test]
-async fn the_relay_wakes_on_commit_and_catches_up_after_a_broker_outage() {
-    let db = TestDb::new().await;
-    let prefix = TestPrefix::new();
-    let proxy = TcpProxy::start("127.0.0.1:5672").await;
-    let mut proxied = config(&db, &prefix, "0s");
-    proxied.amqp_url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
-    let direct = config(&db, &prefix, "0s").broker("observer");
-    direct.check().await.unwrap();
-    let relay = OutboxRelay::new(
-        db.pool(),
-        proxied.broker("relay"),
-        &db.url,
-        Duration::from_secs(60),
-        &Registry::new(),
-    )
-    .unwrap();
-    let cancel = CancellationToken::new();
-    let running = tokio::spawn(relay.clone().run(cancel.clone()));
-
-    // Woken by NOTIFY from another connection, with the fallback poll a minute away.
-    open_incident(&db, "first").await;
-    let queue = direct.topology().fanout_queue();
-    let seen = AtomicUsize::new(0);
-    wait_until("the first event published", DEADLINE, || async {
-        let n = drain_queue(&direct, &queue).await.len();
-        seen.fetch_add(n, Ordering::SeqCst) + n == 1
-    })
-    .await;
-
-    // The broker goes away; an incident is committed meanwhile.
-    proxy.cut();
-    open_incident(&db, "during-outage").await;
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    wait_until("the relay to try and fail", DEADLINE, || async {
-        relay_failed(&relay).await
-    })
-    .await;
-    assert_eq!(
-        outbox::backlog(&mut conn).await.unwrap(),
-        1,
-        "the row waits"
-    );
-
-    proxy.restore();
-    let after = AtomicUsize::new(0);
-    // Reconnecting takes the relay's and the broker handle's back-offs (up to 5 s each), longer
-    // on a loaded machine.
-    wait_until(
-        "the event published after the outage",
-        RECOVERY_DEADLINE,
-        || async {
-            let n = drain_queue(&direct, &queue).await.len();
-            after.fetch_add(n, Ordering::SeqCst) + n >= 1
-        },
-    )
-    .await;
-    // The relay marks the row in the transaction that published it, which commits just after
-    // the broker confirmed the message.
-    wait_until("the row marked published", DEADLINE, || async {
-        let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-        outbox::backlog(&mut conn).await.unwrap() == 0
-    })
-    .await;
-    cancel.cancel();
-    running.await.unwrap();
-    assert_eq!(
-        drain_queue(&direct, &queue).await.len(),
-        0,
-        "nothing published twice"
-    );
-    assert_eq!(after.load(Ordering::SeqCst), 1);
-}
-
-async fn relay_failed(relay: &OutboxRelay) -> bool {
-    relay.drain().await.is_err()
 }
 
 #[tokio::test]
 async fn a_consumer_keeps_working_after_losing_its_connection() {
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
     let proxy = TcpProxy::start("127.0.0.1:5672").await;
-    let mut proxied = config(&db, &prefix, "0s");
-    proxied.amqp_url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
-    let consumer_broker = proxied.broker("consumer");
-    let direct = config(&db, &prefix, "0s").broker("producer");
+    let proxied = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
+    let consumer_broker = broker_at(&proxied, &prefix, "0s", "consumer");
+    let direct = broker_for(&prefix, "0s", "producer");
     direct.check().await.unwrap();
     let received = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
     let cancel = CancellationToken::new();
@@ -434,19 +221,17 @@ async fn a_consumer_keeps_working_after_losing_its_connection() {
 
 #[tokio::test]
 async fn a_broker_list_skips_unreachable_addresses_and_moves_on_when_a_connection_drops() {
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
     let (one, two) = (
         TcpProxy::start("127.0.0.1:5672").await,
         TcpProxy::start("127.0.0.1:5672").await,
     );
-    let mut config = config(&db, &prefix, "0s");
-    config.amqp_url = format!(
+    let list = format!(
         "amqp://guest:secret-never-printed@127.0.0.1:1/%2f, amqp://guest:guest@127.0.0.1:{}/%2f,amqp://guest:guest@127.0.0.1:{}/%2f",
         one.port(),
         two.port()
     );
-    let broker = config.broker("list");
+    let broker = broker_at(&list, &prefix, "0s", "list");
     assert!(!format!("{broker:?}").contains("secret-never-printed"));
     broker.check().await.expect("the second address answers");
     // The node it uses goes away: the next call connects to another address of the list.
@@ -477,11 +262,10 @@ async fn a_broker_list_skips_unreachable_addresses_and_moves_on_when_a_connectio
 
 #[tokio::test]
 async fn parked_messages_are_listed_in_place_and_replayed_to_their_work_queues() {
-    use tocsin_domain::amqp::messages::{EventMessage, PARKED_REASON_HEADER, TRIGGER_HEADER};
-    use tocsin_domain::amqp::{ParkedBody, Replayed};
-    let db = TestDb::new().await;
+    use tocsin_broker::messages::{EventMessage, PARKED_REASON_HEADER, TRIGGER_HEADER};
+    use tocsin_broker::{ParkedBody, Replayed};
     let prefix = TestPrefix::new();
-    let broker = config(&db, &prefix, "0s").broker("parking");
+    let broker = broker_for(&prefix, "0s", "parking");
     let topology = broker.topology().clone();
     let event = EventMessage {
         event_id: uuid::Uuid::now_v7(),
@@ -493,14 +277,14 @@ async fn parked_messages_are_listed_in_place_and_replayed_to_their_work_queues()
         delivery_id: uuid::Uuid::now_v7(),
         webhook_id: None,
     };
-    let mut delivery_headers = amqp::headers_from_json(&serde_json::json!({
+    let mut delivery_headers = tocsin_broker::headers_from_json(&serde_json::json!({
         ATTEMPT_HEADER: 2,
         TRIGGER_HEADER: "manual",
         PARKED_REASON_HEADER: "not found in the database",
     }));
     delivery_headers.insert(
         "x-first-death-reason".into(),
-        amqp::string_header("rejected"),
+        tocsin_broker::string_header("rejected"),
     );
     for (body, headers) in [
         (event.to_bytes(), Default::default()),
@@ -566,10 +350,9 @@ async fn parked_messages_are_listed_in_place_and_replayed_to_their_work_queues()
 
 #[tokio::test]
 async fn a_message_returned_past_the_delivery_limit_is_parked_with_the_brokers_reason() {
-    use tocsin_domain::amqp::topology::DELIVERY_LIMIT;
-    let db = TestDb::new().await;
+    use tocsin_broker::topology::DELIVERY_LIMIT;
     let prefix = TestPrefix::new();
-    let broker = config(&db, &prefix, "0s").broker("limit");
+    let broker = broker_for(&prefix, "0s", "limit");
     let topology = broker.topology().clone();
     let delivery = DeliveryMessage {
         delivery_id: uuid::Uuid::now_v7(),
@@ -617,7 +400,10 @@ async fn a_message_returned_past_the_delivery_limit_is_parked_with_the_brokers_r
     })
     .await;
     assert_eq!(parked.len(), 1);
-    assert_eq!(parked[0].body, amqp::ParkedBody::Delivery(delivery));
+    assert_eq!(
+        parked[0].body,
+        tocsin_broker::ParkedBody::Delivery(delivery)
+    );
     assert_eq!(parked[0].reason.as_deref(), Some("delivery_limit"));
     assert_eq!(
         parked[0].from_queue.as_deref(),
@@ -628,11 +414,13 @@ async fn a_message_returned_past_the_delivery_limit_is_parked_with_the_brokers_r
 
 #[tokio::test]
 async fn publishing_to_an_unreachable_broker_fails_quickly() {
-    let db = TestDb::new().await;
     let prefix = TestPrefix::new();
-    let mut config = config(&db, &prefix, "0s");
-    config.amqp_url = "amqp://guest:guest@127.0.0.1:1/%2f".into();
-    let broker = config.broker("nowhere");
+    let broker = broker_at(
+        "amqp://guest:guest@127.0.0.1:1/%2f",
+        &prefix,
+        "0s",
+        "nowhere",
+    );
     let started = Instant::now();
     assert!(broker.check().await.is_err());
     assert!(started.elapsed() < Duration::from_secs(6));

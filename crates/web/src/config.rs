@@ -14,11 +14,13 @@
 //! | `TOCSIN_LOG_FORMAT` | `text` |
 //! | `RUST_LOG` | `info` |
 
+use std::fmt;
 use std::time::Duration;
 
-use crate::amqp::{Broker, QueueType, Topology};
-use crate::db::DbPool;
-use crate::retry::{parse_duration, RetrySchedule};
+use tocsin_broker::{Broker, QueueType, Topology};
+use tocsin_domain::redact_url;
+use tocsin_domain::retry::{parse_duration, RetrySchedule};
+use tocsin_storage::DbPool;
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/tocsin";
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -30,8 +32,8 @@ pub enum LogFormat {
     Json,
 }
 
-/// The settings shared by ingest, dispatcher and admin.
-#[derive(Debug, Clone, clap::Args)]
+/// The settings shared by ingest, dispatcher and admin. `Debug` hides the URLs' passwords.
+#[derive(Clone, clap::Args)]
 pub struct CommonConfig {
     /// PostgreSQL connection URL; several hosts in the libpq multi-host form
     /// (`postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write`).
@@ -115,7 +117,7 @@ impl CommonConfig {
     }
 
     pub fn pool(&self) -> anyhow::Result<DbPool> {
-        crate::db::pool(&self.database_url, usize::from(self.db_pool_size))
+        tocsin_storage::pool(&self.database_url, usize::from(self.db_pool_size))
     }
 
     /// Warns loudly when the retry schedule is not the specification's.
@@ -127,6 +129,36 @@ impl CommonConfig {
                 "TOCSIN_RETRY_DELAYS departs from the specification's retry schedule; use this only for tests and demos"
             );
         }
+    }
+}
+
+/// Every setting, with the passwords `DATABASE_URL` and `AMQP_URL` may hold replaced by `***`
+/// (the derived `Debug` printed them wherever a service's settings were logged).
+impl fmt::Debug for CommonConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Taken apart so that a new field cannot be left out unnoticed.
+        let CommonConfig {
+            database_url,
+            amqp_url,
+            amqp_prefix,
+            amqp_queue_type,
+            retry_delays,
+            db_pool_size,
+            shutdown_timeout,
+            client_timeout,
+            log_format,
+        } = self;
+        f.debug_struct("CommonConfig")
+            .field("database_url", &redact_url(database_url))
+            .field("amqp_url", &redact_url(amqp_url))
+            .field("amqp_prefix", amqp_prefix)
+            .field("amqp_queue_type", amqp_queue_type)
+            .field("retry_delays", retry_delays)
+            .field("db_pool_size", db_pool_size)
+            .field("shutdown_timeout", shutdown_timeout)
+            .field("client_timeout", client_timeout)
+            .field("log_format", log_format)
+            .finish()
     }
 }
 
@@ -248,5 +280,43 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(error.contains("TOCSIN_AMQP_PREFIX"), "{error}");
+    }
+
+    #[test]
+    fn debug_output_hides_the_urls_passwords() {
+        let cli = Cli::try_parse_from([
+            "test",
+            "--database-url",
+            "postgres://app:pg-s3cret@h1:5432,h2:5432/tocsin?target_session_attrs=read-write",
+            "--amqp-url",
+            "amqp://tocsin:mq-s3cret@h1:5672/%2f,amqp://tocsin:mq-other@h2:5672/%2f",
+        ])
+        .unwrap();
+        let keyword = CommonConfig::new(
+            "host=h1 user=app password=kw-s3cret dbname=tocsin",
+            DEFAULT_AMQP_URL,
+            "tocsin",
+        );
+        for (config, secrets) in [
+            (&cli.common, &["pg-s3cret", "mq-s3cret", "mq-other"][..]),
+            (&keyword, &["kw-s3cret", ":guest@"][..]),
+        ] {
+            for printed in [format!("{config:?}"), format!("{config:#?}")] {
+                for secret in secrets {
+                    assert!(!printed.contains(secret), "{secret} in {printed}");
+                }
+                assert!(printed.contains("***"), "{printed}");
+            }
+        }
+        let printed = format!("{:?}", cli.common);
+        assert!(
+            printed.contains("postgres://app:***@h1:5432,h2:5432/tocsin"),
+            "{printed}"
+        );
+        assert!(
+            printed.contains("amqp://tocsin:***@h2:5672/%2f"),
+            "{printed}"
+        );
+        assert!(printed.contains("amqp_prefix: \"tocsin\""), "{printed}");
     }
 }

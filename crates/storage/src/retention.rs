@@ -8,7 +8,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use serde::Serialize;
 use time::OffsetDateTime;
 
-use super::DbError;
+use crate::DbError;
 
 /// Rows deleted per statement.
 pub const BATCH: i64 = 1000;

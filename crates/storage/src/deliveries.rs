@@ -1,9 +1,9 @@
 //! Deliveries and their attempts: the delivery log. PostgreSQL is the source of truth for each
 //! delivery's state, attempt counts and next attempt time; every write here is one transition
-//! of the state machine in [`crate::delivery`], guarded in SQL (compare-and-set on the state,
-//! the automatic attempt count and the attempt lease), so that no interleaving of dispatchers,
-//! redelivered messages, manual retries and sweeper passes makes an attempt the schedule does
-//! not allow or sends a request the attempt log does not show.
+//! of the state machine in [`tocsin_domain::delivery`], guarded in SQL (compare-and-set on the
+//! state, the automatic attempt count and the attempt lease), so that no interleaving of
+//! dispatchers, redelivered messages, manual retries and sweeper passes makes an attempt the
+//! schedule does not allow or sends a request the attempt log does not show.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -15,12 +15,12 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::schema::{attempts, deliveries, events, webhooks};
-use super::statement::Statement;
-use super::webhooks::{Webhook, WebhookRow};
-use super::{Cursor, DbError, Page};
-pub use crate::delivery::{AttemptError, DeliveryState, Transition, Trigger, WaitReason};
-use crate::EventKind;
+use crate::schema::{attempts, deliveries, events, webhooks};
+use crate::statement::Statement;
+use crate::webhooks::{Webhook, WebhookRow};
+use crate::{Cursor, DbError, Page};
+pub use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger, WaitReason};
+use tocsin_domain::EventKind;
 
 type SqlUuid = diesel::sql_types::Uuid;
 

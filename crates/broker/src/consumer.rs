@@ -15,7 +15,7 @@ use lapin::types::ShortString;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::Broker;
+use crate::Broker;
 
 /// What to consume and how.
 #[derive(Debug, Clone)]

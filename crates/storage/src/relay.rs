@@ -20,10 +20,10 @@ use prometheus::{IntCounter, IntGauge, Registry};
 use tokio::sync::{Mutex, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::amqp::topology::{DELIVERY_ROUTING_KEY, EVENT_ROUTING_KEY};
-use crate::amqp::{headers_from_json, Broker, Outgoing};
-use crate::db::outbox::{self, OutboxRow, Topic, NOTIFY_CHANNEL};
-use crate::db::{DbError, DbPool};
+use crate::outbox::{self, OutboxRow, Topic, NOTIFY_CHANNEL};
+use crate::{DbError, DbPool};
+use tocsin_broker::topology::{DELIVERY_ROUTING_KEY, EVENT_ROUTING_KEY};
+use tocsin_broker::{headers_from_json, Broker, Outgoing};
 
 /// Rows published per transaction.
 const BATCH: i64 = 500;
@@ -193,7 +193,7 @@ impl OutboxRelay {
         .context("connecting the outbox relay")?;
         conn.batch_execute(&format!(
             "{}; SET synchronous_commit = off",
-            crate::db::SESSION_SETTINGS
+            crate::SESSION_SETTINGS
         ))
         .await
         .map_err(DbError::from)?;

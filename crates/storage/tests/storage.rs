@@ -9,21 +9,21 @@ use std::time::Duration;
 use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use time::OffsetDateTime;
+use tocsin_broker::messages::EventMessage;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
-use tocsin_domain::amqp::messages::EventMessage;
-use tocsin_domain::db::deliveries::{
-    self, AttemptResult, Claim, ClaimRules, Completed, Completion, Delivery, DeliveryState, Due,
-    FanOut, FanOutRules, FannedOut, Job,
-};
-use tocsin_domain::db::incidents::{self, Change};
-use tocsin_domain::db::outbox::{self, NewEvent};
-use tocsin_domain::db::webhooks::{self, NewWebhook, Webhook, WebhookChanges};
-use tocsin_domain::db::{self, schema};
 use tocsin_domain::delivery::{Transition, Trigger, WaitReason};
 use tocsin_domain::{
     EventKind, EventPayload, IncidentData, IncidentStatus, IncidentTitle, RetrySchedule,
     RetrySettings, Severity, TargetUrl, TransitionError, WebhookName,
 };
+use tocsin_storage::deliveries::{
+    self, AttemptResult, Claim, ClaimRules, Completed, Completion, Delivery, DeliveryState, Due,
+    FanOut, FanOutRules, FannedOut, Job,
+};
+use tocsin_storage::incidents::{self, Change};
+use tocsin_storage::outbox::{self, NewEvent};
+use tocsin_storage::schema;
+use tocsin_storage::webhooks::{self, NewWebhook, Webhook, WebhookChanges};
 use tocsin_testkit::deliveries::{answered, claim_rules, mark_failed, record_attempt};
 use tocsin_testkit::{wait_until, TestDb};
 use uuid::Uuid;
@@ -48,20 +48,24 @@ fn signal(key: &str, action: AlertAction) -> AlertSignal {
 #[tokio::test]
 async fn migrations_apply_twice_without_error() {
     let db = TestDb::empty().await;
-    let first = db::migrate(&db.url).await.expect("first migration run");
+    let first = tocsin_storage::migrate(&db.url)
+        .await
+        .expect("first migration run");
     assert!(first >= 1, "a fresh database gets every migration");
-    let second = db::migrate(&db.url).await.expect("second migration run");
+    let second = tocsin_storage::migrate(&db.url)
+        .await
+        .expect("second migration run");
     assert_eq!(second, 0, "nothing is pending the second time");
 }
 
 #[tokio::test]
 async fn concurrent_migrations_serialise_on_the_lock() {
     let db = TestDb::empty().await;
-    let runs = futures::future::join_all((0..4).map(|_| db::migrate(&db.url))).await;
+    let runs = futures::future::join_all((0..4).map(|_| tocsin_storage::migrate(&db.url))).await;
     let applied: usize = runs.into_iter().map(|r| r.expect("migration run")).sum();
     assert_eq!(
         applied,
-        db::migration_count(),
+        tocsin_storage::migration_count(),
         "each migration applied exactly once in all"
     );
 }
@@ -119,11 +123,15 @@ async fn the_one_engine_migration_makes_held_and_deferred_rows_deliveries_and_do
     let conn = AsyncPgConnection::establish(&db.url).await.unwrap();
     let mut wrapper: AsyncConnectionWrapper<AsyncPgConnection> = conn.into();
     let mut wrapper = tokio::task::spawn_blocking(move || {
-        for _ in 1..db::migration_count() {
-            wrapper.run_next_migration(db::MIGRATIONS).unwrap();
+        for _ in 1..tocsin_storage::migration_count() {
+            wrapper
+                .run_next_migration(tocsin_storage::MIGRATIONS)
+                .unwrap();
         }
         SimpleConnection::batch_execute(&mut wrapper, PREVIOUS_RELEASE_ROWS).unwrap();
-        let applied = wrapper.run_next_migration(db::MIGRATIONS).unwrap();
+        let applied = wrapper
+            .run_next_migration(tocsin_storage::MIGRATIONS)
+            .unwrap();
         assert_eq!(applied.to_string(), "20261124000000", "the last migration");
         wrapper
     })
@@ -232,7 +240,9 @@ async fn the_one_engine_migration_makes_held_and_deferred_rows_deliveries_and_do
     drop(conn);
 
     tokio::task::spawn_blocking(move || {
-        wrapper.revert_last_migration(db::MIGRATIONS).unwrap();
+        wrapper
+            .revert_last_migration(tocsin_storage::MIGRATIONS)
+            .unwrap();
     })
     .await
     .unwrap();
@@ -1443,7 +1453,7 @@ const RACERS: usize = 6;
 /// one of them waits for it, so they all contend for the row.
 async fn race(
     db: &TestDb,
-    pool: &db::DbPool,
+    pool: &tocsin_storage::DbPool,
     delivery_id: Uuid,
     claims: Vec<Claim>,
 ) -> Vec<Option<Job>> {
@@ -2122,7 +2132,7 @@ async fn stop_fails_only_deliveries_that_can_get_no_more_automatic_attempt() {
 // ---------------------------------------------------------------------------------------------
 // Pool, ping, retention
 
-/// The pool's connections plan as `db::SESSION_SETTINGS` says: without `jit = off`, a query
+/// The pool's connections plan as `tocsin_storage::SESSION_SETTINGS` says: without `jit = off`, a query
 /// costed high under `enable_seqscan = off` was compiled with LLVM on every call
 /// (docs/performance.md).
 #[tokio::test]
@@ -2147,8 +2157,10 @@ async fn pooled_connections_plan_once_with_index_scans_and_no_jit() {
 
 #[tokio::test]
 async fn ping_reports_an_unreachable_database() {
-    let pool = db::pool("postgres://postgres@127.0.0.1:1/none", 1).unwrap();
-    let error = db::ping(&pool, Duration::from_secs(2)).await.unwrap_err();
+    let pool = tocsin_storage::pool("postgres://postgres@127.0.0.1:1/none", 1).unwrap();
+    let error = tocsin_storage::ping(&pool, Duration::from_secs(2))
+        .await
+        .unwrap_err();
     assert!(error.is_unavailable(), "{error}");
 }
 
@@ -2159,12 +2171,19 @@ async fn a_multi_host_database_url_skips_an_unreachable_host() {
     let db = TestDb::new().await;
     let url = db.multi_host_url("127.0.0.1:1");
     assert!(url.contains("127.0.0.1:1,"), "{url}");
-    assert_eq!(db::migrate(&url).await.unwrap(), 0, "already migrated");
-    let pool = db::pool(&url, 2).unwrap();
-    db::ping(&pool, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        tocsin_storage::migrate(&url).await.unwrap(),
+        0,
+        "already migrated"
+    );
+    let pool = tocsin_storage::pool(&url, 2).unwrap();
+    tocsin_storage::ping(&pool, Duration::from_secs(5))
+        .await
+        .unwrap();
     // Only unreachable hosts: unavailable, as with one.
-    let nowhere = db::pool("postgres://postgres@127.0.0.1:1,127.0.0.1:2/none", 1).unwrap();
-    let error = db::ping(&nowhere, Duration::from_secs(5))
+    let nowhere =
+        tocsin_storage::pool("postgres://postgres@127.0.0.1:1,127.0.0.1:2/none", 1).unwrap();
+    let error = tocsin_storage::ping(&nowhere, Duration::from_secs(5))
         .await
         .unwrap_err();
     assert!(error.is_unavailable(), "{error}");
@@ -2172,7 +2191,7 @@ async fn a_multi_host_database_url_skips_an_unreachable_host() {
 
 #[tokio::test]
 async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
-    use tocsin_domain::db::retention;
+    use tocsin_storage::retention;
 
     let db = TestDb::new().await;
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
@@ -2340,7 +2359,7 @@ async fn record_test_event(conn: &mut AsyncPgConnection, webhook_id: Uuid) -> Ne
         },
     };
     let event = NewEvent::new(&payload, Some(webhook_id));
-    conn.transaction::<_, db::DbError, _>(async |conn| {
+    conn.transaction::<_, tocsin_storage::DbError, _>(async |conn| {
         outbox::record_events(conn, std::slice::from_ref(&event), outbox::Wake::Listeners).await
     })
     .await
@@ -2397,8 +2416,8 @@ async fn deliveries_of(conn: &mut AsyncPgConnection, webhook_id: Uuid) -> Vec<De
         webhook_id: Some(webhook_id),
         ..Default::default()
     };
-    let page = db::Page {
-        limit: db::Page::MAX_LIMIT,
+    let page = tocsin_storage::Page {
+        limit: tocsin_storage::Page::MAX_LIMIT,
         cursor: None,
     };
     deliveries::list(conn, &filter, &page).await.unwrap().0

@@ -3,12 +3,12 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-pub use crate::delivery::Trigger;
-use crate::EventKind;
+use tocsin_domain::EventKind;
 
 /// Header with the number of the automatic attempt a delivery message asks for (1-based).
 pub const ATTEMPT_HEADER: &str = "tocsin-attempt";
-/// Header saying who asked for the attempt: `automatic` (the default) or `manual`.
+/// Header saying who asked for the attempt, a [`tocsin_domain::delivery::Trigger`] as text:
+/// `automatic` (the default) or `manual`.
 pub const TRIGGER_HEADER: &str = "tocsin-trigger";
 /// Header explaining why a message was parked.
 pub const PARKED_REASON_HEADER: &str = "tocsin-parked-reason";

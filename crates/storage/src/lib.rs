@@ -1,9 +1,18 @@
-//! PostgreSQL: the pool, migrations, and one repository per table family. Handlers call these
-//! functions; no SQL lives outside this module.
+//! Tocsin's storage: everything that touches PostgreSQL. The pool and its session settings, the
+//! schema and its migrations (`migrations/`, compiled into the binaries), one repository per
+//! table family (the long statements in `sql/`), the transactional outbox and its [`relay`] to
+//! RabbitMQ, and the [`batch`]er that lets concurrent requests share one transaction. Handlers
+//! call these functions; no SQL lives outside this crate.
+//!
+//! The values it stores, and the rules they follow, are `tocsin-domain`'s. It depends on
+//! `tocsin-broker` too: outbox rows hold the broker's messages, and the relay publishes them
+//! through a broker handle (domain ← broker ← storage; the broker knows nothing of PostgreSQL).
 
+pub mod batch;
 pub mod deliveries;
 pub mod incidents;
 pub mod outbox;
+pub mod relay;
 pub mod retention;
 pub mod schema;
 mod statement;
@@ -309,7 +318,12 @@ async fn connect_for_pool(url: String) -> diesel::ConnectionResult<AsyncPgConnec
 pub async fn migrate(database_url: &str) -> anyhow::Result<usize> {
     let mut conn = AsyncPgConnection::establish(database_url)
         .await
-        .with_context(|| format!("connecting to PostgreSQL at {}", redact_url(database_url)))?;
+        .with_context(|| {
+            format!(
+                "connecting to PostgreSQL at {}",
+                tocsin_domain::redact_url(database_url)
+            )
+        })?;
     diesel::sql_query(format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"))
         .execute(&mut conn)
         .await
@@ -344,56 +358,6 @@ pub async fn ping(pool: &DbPool, timeout: Duration) -> Result<(), DbError> {
         .map_err(|_| DbError::Unavailable("timed out".into()))?
 }
 
-/// A connection string with its passwords replaced by `***`, for logs and error messages.
-///
-/// Handles one URL, a comma-separated list of URLs (`AMQP_URL`), the libpq multi-host form
-/// (`postgres://user:pw@h1:5432,h2:5433/db?...`, which URL parsers refuse) and `password=`
-/// parameters (in a query string or libpq's `key=value` form).
-pub fn redact_url(url: &str) -> String {
-    url.split(',')
-        .map(redact_segment)
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// Redacts the user-info password of a segment that starts a URL, and any `password=` value.
-fn redact_segment(segment: &str) -> String {
-    let mut out = match segment.find("://") {
-        Some(scheme_end) => {
-            let authority_start = scheme_end + 3;
-            let rest = &segment[authority_start..];
-            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-            let authority = &rest[..authority_end];
-            match authority.rfind('@') {
-                Some(at) => {
-                    let userinfo = &authority[..at];
-                    let user = match userinfo.split_once(':') {
-                        Some((user, _)) => format!("{user}:***"),
-                        None => userinfo.to_owned(),
-                    };
-                    format!(
-                        "{}{user}{}",
-                        &segment[..authority_start],
-                        &segment[authority_start + at..]
-                    )
-                }
-                None => segment.to_owned(),
-            }
-        }
-        None => segment.to_owned(),
-    };
-    let mut searched = 0;
-    while let Some(found) = out[searched..].to_ascii_lowercase().find("password=") {
-        let value_start = searched + found + "password=".len();
-        let value_end = out[value_start..]
-            .find(['&', ' ', '#'])
-            .map_or(out.len(), |end| value_start + end);
-        out.replace_range(value_start..value_end, "***");
-        searched = value_start + 3;
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -425,36 +389,5 @@ mod tests {
         let (items, next) = page.split(vec![1, 2], c);
         assert_eq!(items, vec![1, 2]);
         assert!(next.is_none());
-    }
-
-    #[test]
-    fn urls_are_redacted() {
-        assert_eq!(
-            redact_url("amqp://guest:guest@127.0.0.1:5672/%2f"),
-            "amqp://guest:***@127.0.0.1:5672/%2f"
-        );
-        assert_eq!(
-            redact_url("postgres://postgres@127.0.0.1:5432/tocsin"),
-            "postgres://postgres@127.0.0.1:5432/tocsin"
-        );
-        assert_eq!(
-            redact_url(
-                "postgres://app:s3cret@h1:5432,h2:5433/tocsin?target_session_attrs=read-write"
-            ),
-            "postgres://app:***@h1:5432,h2:5433/tocsin?target_session_attrs=read-write"
-        );
-        assert_eq!(
-            redact_url("amqp://u:p1@h1:5672/%2f,amqp://u:p2@h2:5673,amqps://v@h3/%2f"),
-            "amqp://u:***@h1:5672/%2f,amqp://u:***@h2:5673,amqps://v@h3/%2f"
-        );
-        assert_eq!(
-            redact_url("postgres://h1/db?user=app&password=s3cret&sslmode=disable"),
-            "postgres://h1/db?user=app&password=***&sslmode=disable"
-        );
-        assert_eq!(
-            redact_url("host=h1,h2 user=app Password=s3cret dbname=tocsin"),
-            "host=h1,h2 user=app Password=*** dbname=tocsin"
-        );
-        assert!(!redact_url("postgres://a:b@c@h1/db").contains(":b"));
     }
 }

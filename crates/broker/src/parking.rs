@@ -6,9 +6,9 @@ use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicGetOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
-use super::messages::{DeliveryMessage, EventMessage, PARKED_REASON_HEADER};
-use super::topology::{DELIVERY_ROUTING_KEY, EVENT_ROUTING_KEY};
-use super::{header_str, Broker, BrokerError, Outgoing};
+use crate::messages::{DeliveryMessage, EventMessage, PARKED_REASON_HEADER};
+use crate::topology::{DELIVERY_ROUTING_KEY, EVENT_ROUTING_KEY};
+use crate::{header_str, Broker, BrokerError, Outgoing};
 
 /// What a parked message holds.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,6 +1,10 @@
-//! RabbitMQ through lapin: a broker handle that (re)connects on demand and declares the
-//! topology, publishes with publisher confirms (a nack or an unroutable return is an error),
-//! and opens manual-ack consumers with a prefetch.
+//! Tocsin's broker: everything that talks to RabbitMQ, through lapin. The topology under a
+//! prefix ([`topology`]), the messages and headers passed through it ([`messages`]), the
+//! parking queue ([`parking`]), a consumer loop that survives broker restarts, and the
+//! [`Broker`] handle: it (re)connects on demand and declares the topology, publishes with
+//! publisher confirms (a nack or an unroutable return is an error), and opens manual-ack
+//! consumers with a prefetch. The values it carries are `tocsin-domain`'s; it knows nothing of
+//! PostgreSQL (`tocsin-storage` depends on it, as the outbox relay publishes through it).
 //!
 //! `AMQP_URL` may list several brokers (the nodes of a cluster), comma-separated. The handle
 //! connects to the first that answers, starting with the one it last used; when that
@@ -120,7 +124,7 @@ impl Broker {
         self.inner
             .urls
             .iter()
-            .map(|url| crate::db::redact_url(url))
+            .map(|url| tocsin_domain::redact_url(url))
             .collect()
     }
 
@@ -147,7 +151,7 @@ impl Broker {
                     return Ok(live);
                 }
                 Err(error) => {
-                    let url = crate::db::redact_url(&self.inner.urls[address]);
+                    let url = tocsin_domain::redact_url(&self.inner.urls[address]);
                     if count > 1 {
                         tracing::warn!(broker = %url, %error, "cannot connect to this RabbitMQ; trying the next address");
                     }
@@ -209,7 +213,7 @@ impl Broker {
             }
         };
         tracing::info!(
-            broker = %crate::db::redact_url(url),
+            broker = %tocsin_domain::redact_url(url),
             prefix = self.inner.topology.prefix(),
             "connected to RabbitMQ and declared the topology"
         );

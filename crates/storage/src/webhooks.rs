@@ -8,10 +8,10 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::schema::{deliveries, webhooks};
-use super::{Cursor, DbError, Page};
-use crate::delivery::DeliveryState;
-use crate::{EventKind, RetrySettings, TargetUrl, WebhookName, WebhookSecret};
+use crate::schema::{deliveries, webhooks};
+use crate::{Cursor, DbError, Page};
+use tocsin_domain::delivery::DeliveryState;
+use tocsin_domain::{EventKind, RetrySettings, TargetUrl, WebhookName, WebhookSecret};
 
 /// A webhook row as stored; also read from `row_to_json(webhooks)` where one statement returns
 /// it beside another table's row.
@@ -329,10 +329,10 @@ async fn stop_unfinished(
         .for_update()
         .load(conn)
         .await?;
-    super::deliveries::stop(
+    crate::deliveries::stop(
         conn,
         &unfinished,
-        crate::RetrySchedule::specification().attempts(),
+        tocsin_domain::RetrySchedule::specification().attempts(),
     )
     .await?;
     Ok(())

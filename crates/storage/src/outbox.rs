@@ -7,12 +7,12 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::schema::{events, outbox};
-use super::statement::Statement;
-use super::DbError;
-use crate::amqp::messages::{DeliveryMessage, EventMessage};
-use crate::delivery::Trigger;
-use crate::{EventKind, EventPayload};
+use crate::schema::{events, outbox};
+use crate::statement::Statement;
+use crate::DbError;
+use tocsin_broker::messages::{DeliveryMessage, EventMessage};
+use tocsin_domain::delivery::Trigger;
+use tocsin_domain::{EventKind, EventPayload};
 
 /// PostgreSQL channel notified when outbox rows are committed, so relays wake at once.
 pub const NOTIFY_CHANNEL: &str = "tocsin_outbox";
@@ -142,7 +142,7 @@ pub async fn enqueue_attempt(
     if delivery_ids.is_empty() {
         return Ok(());
     }
-    let headers = serde_json::json!({ crate::amqp::messages::TRIGGER_HEADER: trigger.as_str() });
+    let headers = serde_json::json!({ tocsin_broker::messages::TRIGGER_HEADER: trigger.as_str() });
     let rows: Vec<_> = delivery_ids
         .iter()
         .map(|id| {

@@ -6,9 +6,9 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::schema::inbound_tokens;
-use super::{Cursor, DbError, Page};
-use crate::AccessToken;
+use crate::schema::inbound_tokens;
+use crate::{Cursor, DbError, Page};
+use tocsin_domain::AccessToken;
 
 /// A token's record; the token itself is never stored.
 #[derive(Debug, Clone, Serialize, Queryable, Selectable)]

@@ -16,7 +16,7 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, ExchangeKind};
 
-use crate::retry::{format_duration, RetrySchedule};
+use tocsin_domain::retry::{format_duration, RetrySchedule};
 
 /// Routing key of events on the event exchange.
 pub const EVENT_ROUTING_KEY: &str = "event";

@@ -8,12 +8,14 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::outbox::{self, NewEvent, Wake};
-use super::schema::incidents;
-use super::statement::Statement;
-use super::{Cursor, DbError, Page};
-use crate::alerts::{AlertAction, AlertSignal};
-use crate::{EventKind, EventPayload, IncidentData, IncidentStatus, Severity, TransitionError};
+use crate::outbox::{self, NewEvent, Wake};
+use crate::schema::incidents;
+use crate::statement::Statement;
+use crate::{Cursor, DbError, Page};
+use tocsin_domain::alerts::{AlertAction, AlertSignal};
+use tocsin_domain::{
+    EventKind, EventPayload, IncidentData, IncidentStatus, Severity, TransitionError,
+};
 
 #[derive(Debug, Clone, Queryable, Selectable)]
 #[diesel(table_name = incidents)]
