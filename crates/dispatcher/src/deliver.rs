@@ -15,7 +15,8 @@ use tocsin_broker::messages::{DeliveryMessage, ATTEMPT_HEADER, TRIGGER_HEADER};
 use tocsin_broker::{header_int, header_str};
 use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger};
 use tocsin_domain::signing::{self, headers};
-use tocsin_storage::deliveries::{self, AttemptResult, Claim, Completion, Due, Job};
+use tocsin_storage::attempts::{AttemptResult, Claim, Completion, Job};
+use tocsin_storage::deliveries::{self, Due};
 use tokio::sync::oneshot;
 
 use crate::context::{retry_db, Context, Outcome};

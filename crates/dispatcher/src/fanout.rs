@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use lapin::message::Delivery;
 use tocsin_broker::messages::EventMessage;
-use tocsin_storage::deliveries::{Due, FanOut, FannedOut, Job};
+use tocsin_storage::attempts::Job;
+use tocsin_storage::deliveries::Due;
+use tocsin_storage::fan_out::{FanOut, FannedOut};
 use tokio::sync::oneshot;
 
 use crate::context::{retry_db, Context, Outcome};

@@ -10,9 +10,9 @@ use diesel_async::AsyncPgConnection;
 use futures::future::BoxFuture;
 use prometheus::Registry;
 use tocsin_broker::{run_consumer, ConsumerOptions};
-use tocsin_storage::deliveries::{
-    self, Claim, ClaimRules, FanOut, FanOutRules, FannedOut, WaitReason,
-};
+use tocsin_storage::attempts::{self, Claim, ClaimRules};
+use tocsin_storage::deliveries::{self, WaitReason};
+use tocsin_storage::fan_out::{self, FanOut, FanOutRules, FannedOut};
 use tocsin_storage::DbError;
 use tocsin_web::{Background, HttpMetrics, Readiness, Service};
 use tokio::sync::Semaphore;
@@ -88,11 +88,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             MAX_BATCH,
             BATCH_WORKERS,
             move |conn: &mut AsyncPgConnection, claims: &[Claim]| -> BoxFuture<'_, _> {
-                Box::pin(deliveries::claim(conn, claims, claim_rules))
+                Box::pin(attempts::claim(conn, claims, claim_rules))
             },
         ),
         completions: tocsin_storage::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, items| {
-            Box::pin(deliveries::complete(conn, items))
+            Box::pin(attempts::complete(conn, items))
         }),
         waits: tocsin_storage::batcher(&pool, MAX_BATCH, 1, |conn, items| {
             Box::pin(deliveries::wait(conn, items, WaitReason::WebhookBusy))
@@ -222,6 +222,6 @@ fn fan_out_batch<'a>(
             claim: true,
             lease_margin: LEASE_MARGIN,
         };
-        deliveries::fan_out(conn, &events, room.as_deref().unwrap_or_default(), rules).await
+        fan_out::fan_out(conn, &events, room.as_deref().unwrap_or_default(), rules).await
     })
 }

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger};
-use tocsin_storage::deliveries::{self, AttemptResult, Completion, Due};
+use tocsin_storage::attempts::{AttemptResult, Completion};
+use tocsin_storage::deliveries::{self, Due};
 use tocsin_storage::DbError;
 use tokio_util::sync::CancellationToken;
 

@@ -963,7 +963,7 @@ async fn metrics_show_queue_depths_and_the_unfinished_backlog() {
     harness.open("backlog-1").await;
     harness.open("backlog-2").await;
     let mut conn = harness.conn().await;
-    let pending = tocsin_storage::deliveries::FanOut {
+    let pending = tocsin_storage::fan_out::FanOut {
         event_id: uuid::Uuid::nil(),
         kind: EventKind::IncidentOpened,
         incident_id: uuid::Uuid::nil(),
@@ -979,19 +979,17 @@ async fn metrics_show_queue_depths_and_the_unfinished_backlog() {
     .unwrap();
     let fan_outs: Vec<_> = events
         .iter()
-        .map(
-            |(event_id, incident_id)| tocsin_storage::deliveries::FanOut {
-                event_id: *event_id,
-                incident_id: *incident_id,
-                ..pending.clone()
-            },
-        )
+        .map(|(event_id, incident_id)| tocsin_storage::fan_out::FanOut {
+            event_id: *event_id,
+            incident_id: *incident_id,
+            ..pending.clone()
+        })
         .collect();
-    let rules = tocsin_storage::deliveries::FanOutRules {
+    let rules = tocsin_storage::fan_out::FanOutRules {
         claim: false,
         lease_margin: Duration::from_secs(5),
     };
-    tocsin_storage::deliveries::fan_out(&mut conn, &fan_outs, &[], rules)
+    tocsin_storage::fan_out::fan_out(&mut conn, &fan_outs, &[], rules)
         .await
         .unwrap();
     diesel_async::RunQueryDsl::execute(

@@ -1,23 +1,23 @@
-//! Deliveries and their attempts: the delivery log. PostgreSQL is the source of truth for each
+//! Deliveries: the delivery log and the transitions that make no attempt (waiting, stopping,
+//! the sweeper's). Claiming attempts and recording their outcomes are in [`crate::attempts`],
+//! creating deliveries in [`crate::fan_out`]. PostgreSQL is the source of truth for each
 //! delivery's state, attempt counts and next attempt time; every write here is one transition
 //! of the state machine in [`tocsin_domain::delivery`], guarded in SQL (compare-and-set on the
 //! state, the automatic attempt count and the attempt lease), so that no interleaving of
 //! dispatchers, redelivered messages, manual retries and sweeper passes makes an attempt the
 //! schedule does not allow or sends a request the attempt log does not show.
 
-use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use diesel::prelude::*;
-use diesel::sql_types::{Array, BigInt, Bool, Int4, Int8, Jsonb, Nullable, Text, Timestamptz};
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel::sql_types::{Array, BigInt, Int4, Int8, Text};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::schema::{attempts, deliveries, events, webhooks};
+use crate::schema::{attempts, deliveries, events};
 use crate::statement::Statement;
-use crate::webhooks::{Webhook, WebhookRow};
 use crate::{Cursor, DbError, Page};
 pub use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger, WaitReason};
 use tocsin_domain::EventKind;
@@ -26,19 +26,19 @@ type SqlUuid = diesel::sql_types::Uuid;
 
 #[derive(Debug, Clone, Queryable, QueryableByName, Selectable)]
 #[diesel(table_name = deliveries)]
-struct DeliveryRow {
-    id: Uuid,
-    webhook_id: Uuid,
-    event_id: Uuid,
-    event: String,
-    incident_id: Uuid,
-    state: String,
-    wait_reason: Option<String>,
-    attempt_count: i32,
-    auto_attempts: i32,
-    next_attempt_at: Option<OffsetDateTime>,
-    created_at: OffsetDateTime,
-    updated_at: OffsetDateTime,
+pub(crate) struct DeliveryRow {
+    pub(crate) id: Uuid,
+    pub(crate) webhook_id: Uuid,
+    pub(crate) event_id: Uuid,
+    pub(crate) event: String,
+    pub(crate) incident_id: Uuid,
+    pub(crate) state: String,
+    pub(crate) wait_reason: Option<String>,
+    pub(crate) attempt_count: i32,
+    pub(crate) auto_attempts: i32,
+    pub(crate) next_attempt_at: Option<OffsetDateTime>,
+    pub(crate) created_at: OffsetDateTime,
+    pub(crate) updated_at: OffsetDateTime,
 }
 
 /// A delivery of one event to one webhook.
@@ -95,20 +95,6 @@ const UNFINISHED: [&str; 3] = [
     DeliveryState::Retrying.as_str(),
 ];
 
-/// An event to fan out: one delivery per enabled webhook subscribed to its kind, or for a test
-/// event, to its one webhook.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FanOut {
-    pub event_id: Uuid,
-    pub kind: EventKind,
-    pub incident_id: Uuid,
-    pub test_webhook_id: Option<Uuid>,
-    /// The broker delivered the event before: the last try may have created its deliveries and
-    /// stopped before attempting them, so every one still waiting for its first attempt is
-    /// returned again.
-    pub redelivered: bool,
-}
-
 /// A delivery whose next automatic attempt the caller is to make (or to find no room for).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, QueryableByName)]
 pub struct Due {
@@ -119,471 +105,6 @@ pub struct Due {
     /// Automatic attempts made so far: the claim's expected count.
     #[diesel(sql_type = Int4)]
     pub auto_attempts: i32,
-}
-
-/// What fanning out one event made.
-#[derive(Debug, Clone, Default)]
-pub struct FannedOut {
-    /// First attempts claimed with the deliveries: the caller makes them.
-    pub claimed: Vec<Job>,
-    /// Deliveries created `pending` (the caller did not ask for claims), or, for a redelivered
-    /// event, still waiting for their first attempt: the caller claims and makes them.
-    pub pending: Vec<Due>,
-    /// Deliveries created `waiting`: their webhooks had no room in the caller.
-    pub waiting: usize,
-}
-
-/// How a fan-out starts the deliveries it creates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FanOutRules {
-    /// Whether the first attempt of each delivery not `waiting` is claimed with it.
-    pub claim: bool,
-    /// How much longer than its webhook's timeout a claimed attempt's lease lasts.
-    pub lease_margin: Duration,
-}
-
-/// A delivery a fan-out created, with what making its first attempt needs.
-#[derive(QueryableByName)]
-struct CreatedRow {
-    #[diesel(embed)]
-    delivery: DeliveryRow,
-    /// The webhook's row, as JSON.
-    #[diesel(sql_type = Text)]
-    webhook: String,
-    #[diesel(sql_type = Text)]
-    body: String,
-    #[diesel(sql_type = Timestamptz)]
-    occurred_at: OffsetDateTime,
-    #[diesel(sql_type = Nullable<SqlUuid>)]
-    test_webhook_id: Option<Uuid>,
-}
-
-/// Fans out several events with one statement (the dispatcher gathers the events it receives
-/// concurrently; see `sql/fan_out.sql`): `room` lists the webhooks the caller has room for only
-/// so many more attempts to, and the deliveries beyond it start `waiting`; the others start
-/// with their first attempt claimed when `rules` say so. An event given twice is fanned out
-/// once.
-pub async fn fan_out(
-    conn: &mut AsyncPgConnection,
-    events: &[FanOut],
-    room: &[(Uuid, i64)],
-    rules: FanOutRules,
-) -> Result<Vec<FannedOut>, DbError> {
-    let (limited, rooms): (Vec<Uuid>, Vec<i64>) = room.iter().copied().unzip();
-    let mut first_copy: HashMap<Uuid, usize> = HashMap::new();
-    for (index, event) in events.iter().enumerate() {
-        first_copy.entry(event.event_id).or_insert(index);
-    }
-    let firsts: Vec<&FanOut> = events
-        .iter()
-        .enumerate()
-        .filter(|(index, event)| first_copy.get(&event.event_id) == Some(index))
-        .map(|(_, event)| event)
-        .collect();
-    let ids: Vec<Uuid> = firsts.iter().map(|e| e.event_id).collect();
-    let kinds: Vec<&str> = firsts.iter().map(|e| e.kind.as_str()).collect();
-    let incidents: Vec<Uuid> = firsts.iter().map(|e| e.incident_id).collect();
-    let tests: Vec<Option<Uuid>> = firsts.iter().map(|e| e.test_webhook_id).collect();
-    let created: Vec<CreatedRow> = Statement::new(include_str!("sql/fan_out.sql"))
-        .bind::<Array<SqlUuid>, _>(&ids)
-        .bind::<Array<Text>, _>(&kinds)
-        .bind::<Array<SqlUuid>, _>(&incidents)
-        .bind::<Array<Nullable<SqlUuid>>, _>(&tests)
-        .bind::<Array<SqlUuid>, _>(&limited)
-        .bind::<Bool, _>(rules.claim)
-        .bind::<BigInt, _>(millis(rules.lease_margin))
-        .bind::<Array<Int8>, _>(&rooms)
-        .load(conn)
-        .await?;
-    let mut results = vec![FannedOut::default(); events.len()];
-    for row in created {
-        let Some(&index) = first_copy.get(&row.delivery.event_id) else {
-            continue;
-        };
-        let delivery: Delivery = row.delivery.try_into()?;
-        if delivery.state == DeliveryState::Waiting {
-            results[index].waiting += 1;
-        } else if delivery.attempt_count == 1 {
-            let webhook: WebhookRow = serde_json::from_str(&row.webhook)
-                .map_err(|e| DbError::Corrupt(format!("webhook {}: {e}", delivery.webhook_id)))?;
-            results[index].claimed.push(Job {
-                delivery,
-                webhook: webhook.try_into()?,
-                number: 1,
-                trigger: Trigger::Automatic,
-                body: row.body,
-                occurred_at: row.occurred_at,
-                test: row.test_webhook_id.is_some(),
-            });
-        } else {
-            results[index].pending.push(Due {
-                delivery_id: delivery.id,
-                webhook_id: delivery.webhook_id,
-                auto_attempts: 0,
-            });
-        }
-    }
-    let redelivered: Vec<Uuid> = firsts
-        .iter()
-        .filter(|e| e.redelivered)
-        .map(|e| e.event_id)
-        .collect();
-    if !redelivered.is_empty() {
-        let again: Vec<(Uuid, Uuid, Uuid)> = deliveries::table
-            .filter(deliveries::event_id.eq_any(&redelivered))
-            .filter(deliveries::state.eq(DeliveryState::Pending.as_str()))
-            .filter(deliveries::auto_attempts.eq(0))
-            .filter(deliveries::attempting_until.is_null())
-            .select((deliveries::event_id, deliveries::id, deliveries::webhook_id))
-            .load(conn)
-            .await?;
-        for (event_id, delivery_id, webhook_id) in again {
-            let Some(&index) = first_copy.get(&event_id) else {
-                continue;
-            };
-            let pending = &mut results[index].pending;
-            if !pending.iter().any(|due| due.delivery_id == delivery_id) {
-                pending.push(Due {
-                    delivery_id,
-                    webhook_id,
-                    auto_attempts: 0,
-                });
-            }
-        }
-    }
-    Ok(results)
-}
-
-/// A request for one attempt of a delivery, to be claimed before it is sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claim {
-    pub delivery_id: Uuid,
-    pub trigger: Trigger,
-    /// For an automatic attempt: the automatic attempts the caller saw made (the attempt
-    /// claimed is the next one).
-    pub expected_auto_attempts: i32,
-}
-
-/// Limits every claim applies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClaimRules {
-    /// The schedule's length: no webhook gets more automatic attempts.
-    pub schedule_attempts: u8,
-    /// How much longer than the webhook's timeout an automatic attempt's lease lasts.
-    pub lease_margin: Duration,
-    /// How early an automatic attempt may be claimed before it is due.
-    pub early: Duration,
-}
-
-/// A claimed attempt: everything needed to make it.
-#[derive(Debug, Clone)]
-pub struct Job {
-    pub delivery: Delivery,
-    pub webhook: Webhook,
-    /// The number of the attempt claimed (its row in the attempt log).
-    pub number: i32,
-    pub trigger: Trigger,
-    /// The exact body to send.
-    pub body: String,
-    /// When the event happened (for the end-to-end lag).
-    pub occurred_at: OffsetDateTime,
-    /// Whether this is a test event sent from the settings.
-    pub test: bool,
-}
-
-#[derive(QueryableByName)]
-struct ClaimedRow {
-    #[diesel(sql_type = SqlUuid)]
-    id: Uuid,
-    #[diesel(sql_type = Int4)]
-    number: i32,
-}
-
-/// Claims attempts (the dispatcher gathers those of concurrent workers): each admitted claim
-/// logs an attempt with no outcome yet, before its request is sent, and answers the [`Job`];
-/// `None` for a claim its guard refused (see `sql/claim.sql`): a duplicate or late message, a
-/// finished delivery, an exhausted schedule, a disabled or deleted webhook. A delivery given
-/// more than once is claimed in rounds, in one transaction.
-pub async fn claim(
-    conn: &mut AsyncPgConnection,
-    claims: &[Claim],
-    rules: ClaimRules,
-) -> Result<Vec<Option<Job>>, DbError> {
-    let rounds = rounds(claims.iter().map(|c| c.delivery_id));
-    if rounds.len() <= 1 {
-        return claim_round(conn, claims, rules).await;
-    }
-    conn.transaction::<_, DbError, _>(async |conn| {
-        let mut answers = vec![None; claims.len()];
-        for round in &rounds {
-            let items: Vec<Claim> = round.iter().map(|&i| claims[i]).collect();
-            for (&i, answer) in round.iter().zip(claim_round(conn, &items, rules).await?) {
-                answers[i] = answer;
-            }
-        }
-        Ok(answers)
-    })
-    .await
-}
-
-async fn claim_round(
-    conn: &mut AsyncPgConnection,
-    round: &[Claim],
-    rules: ClaimRules,
-) -> Result<Vec<Option<Job>>, DbError> {
-    let ids: Vec<Uuid> = round.iter().map(|c| c.delivery_id).collect();
-    let triggers: Vec<&str> = round.iter().map(|c| c.trigger.as_str()).collect();
-    let expected: Vec<i32> = round.iter().map(|c| c.expected_auto_attempts).collect();
-    let claimed: Vec<ClaimedRow> = Statement::new(include_str!("sql/claim.sql"))
-        .bind::<Array<SqlUuid>, _>(&ids)
-        .bind::<Array<Text>, _>(&triggers)
-        .bind::<Array<Int4>, _>(&expected)
-        .bind::<BigInt, _>(millis(rules.lease_margin))
-        .bind::<Int4, _>(i32::from(rules.schedule_attempts))
-        .bind::<BigInt, _>(millis(rules.early))
-        .load(conn)
-        .await?;
-    let claimed: Vec<(Uuid, i32, Trigger)> = round
-        .iter()
-        .filter_map(|claim| {
-            let row = claimed.iter().find(|row| row.id == claim.delivery_id)?;
-            Some((row.id, row.number, claim.trigger))
-        })
-        .collect();
-    let mut jobs = load_jobs(conn, &claimed).await?;
-    Ok(round
-        .iter()
-        .map(|claim| jobs.remove(&claim.delivery_id))
-        .collect())
-}
-
-/// Loads what making each claimed attempt (delivery id, attempt number, trigger) needs, in one
-/// query.
-async fn load_jobs(
-    conn: &mut AsyncPgConnection,
-    claimed: &[(Uuid, i32, Trigger)],
-) -> Result<HashMap<Uuid, Job>, DbError> {
-    if claimed.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let ids: Vec<Uuid> = claimed.iter().map(|(id, _, _)| *id).collect();
-    let rows: Vec<(
-        DeliveryRow,
-        WebhookRow,
-        String,
-        OffsetDateTime,
-        Option<Uuid>,
-    )> = deliveries::table
-        .inner_join(webhooks::table)
-        .inner_join(events::table)
-        .filter(deliveries::id.eq_any(&ids))
-        .select((
-            DeliveryRow::as_select(),
-            WebhookRow::as_select(),
-            events::body,
-            events::occurred_at,
-            events::test_webhook_id,
-        ))
-        .load(conn)
-        .await?;
-    let mut jobs = HashMap::with_capacity(rows.len());
-    for (delivery, webhook, body, occurred_at, test_webhook_id) in rows {
-        let delivery: Delivery = delivery.try_into()?;
-        let Some(&(_, number, trigger)) = claimed.iter().find(|(id, _, _)| *id == delivery.id)
-        else {
-            continue;
-        };
-        jobs.insert(
-            delivery.id,
-            Job {
-                delivery,
-                webhook: webhook.try_into()?,
-                number,
-                trigger,
-                body,
-                occurred_at,
-                test: test_webhook_id.is_some(),
-            },
-        );
-    }
-    Ok(jobs)
-}
-
-/// What an attempt's request brought back, or why it has none.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AttemptResult {
-    pub success: bool,
-    pub status_code: Option<u16>,
-    pub duration_ms: i32,
-    pub error: Option<AttemptError>,
-    pub error_detail: Option<String>,
-    pub request_headers: serde_json::Value,
-    pub response_body: Option<String>,
-    pub response_truncated: bool,
-}
-
-impl AttemptResult {
-    /// The result of an attempt whose dispatcher stopped before recording it.
-    pub fn interrupted() -> Self {
-        AttemptResult {
-            success: false,
-            status_code: None,
-            duration_ms: 0,
-            error: Some(AttemptError::Interrupted),
-            error_detail: Some(
-                "the dispatcher making this attempt stopped before it recorded the answer".into(),
-            ),
-            request_headers: serde_json::Value::Object(Default::default()),
-            response_body: None,
-            response_truncated: false,
-        }
-    }
-}
-
-/// A claimed attempt's outcome and the transition it makes.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Completion {
-    pub delivery_id: Uuid,
-    /// The attempt's number in the attempt log.
-    pub number: i32,
-    /// For an automatic attempt, its automatic number.
-    pub auto_number: Option<i32>,
-    pub result: AttemptResult,
-    pub transition: Transition,
-}
-
-/// Where a completion left its delivery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Completed {
-    /// Whether the transition was made (it is not when, say, a manual attempt succeeded the
-    /// delivery meanwhile).
-    pub moved: bool,
-    pub state: Option<DeliveryState>,
-    pub next_attempt_at: Option<OffsetDateTime>,
-}
-
-#[derive(QueryableByName)]
-struct CompletedRow {
-    #[diesel(sql_type = SqlUuid)]
-    id: Uuid,
-    #[diesel(sql_type = Nullable<Text>)]
-    state: Option<String>,
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    next_attempt_at: Option<OffsetDateTime>,
-    #[diesel(sql_type = Bool)]
-    moved: bool,
-}
-
-/// Records attempts' outcomes and moves their deliveries (see `sql/complete.sql`); `None` for
-/// an attempt whose outcome was recorded already. A delivery given more than once is
-/// completed in rounds, in one transaction.
-pub async fn complete(
-    conn: &mut AsyncPgConnection,
-    completions: &[Completion],
-) -> Result<Vec<Option<Completed>>, DbError> {
-    let rounds = rounds(completions.iter().map(|c| c.delivery_id));
-    if rounds.len() <= 1 {
-        return complete_round(conn, completions).await;
-    }
-    conn.transaction::<_, DbError, _>(async |conn| {
-        let mut answers = vec![None; completions.len()];
-        for round in &rounds {
-            let items: Vec<Completion> = round.iter().map(|&i| completions[i].clone()).collect();
-            for (&i, answer) in round.iter().zip(complete_round(conn, &items).await?) {
-                answers[i] = answer;
-            }
-        }
-        Ok(answers)
-    })
-    .await
-}
-
-async fn complete_round(
-    conn: &mut AsyncPgConnection,
-    round: &[Completion],
-) -> Result<Vec<Option<Completed>>, DbError> {
-    let ids: Vec<Uuid> = round.iter().map(|c| c.delivery_id).collect();
-    let numbers: Vec<i32> = round.iter().map(|c| c.number).collect();
-    let auto_numbers: Vec<Option<i32>> = round.iter().map(|c| c.auto_number).collect();
-    let to_states: Vec<Option<&str>> = round
-        .iter()
-        .map(|c| c.transition.state().map(DeliveryState::as_str))
-        .collect();
-    let delays: Vec<i64> = round
-        .iter()
-        .map(|c| match c.transition {
-            Transition::Retry { delay } => millis(delay),
-            _ => 0,
-        })
-        .collect();
-    let results: Vec<&AttemptResult> = round.iter().map(|c| &c.result).collect();
-    let success: Vec<bool> = results.iter().map(|r| r.success).collect();
-    let status: Vec<Option<i32>> = results
-        .iter()
-        .map(|r| r.status_code.map(i32::from))
-        .collect();
-    let duration: Vec<i32> = results.iter().map(|r| r.duration_ms).collect();
-    let errors: Vec<Option<&str>> = results
-        .iter()
-        .map(|r| r.error.map(AttemptError::as_str))
-        .collect();
-    let details: Vec<Option<&str>> = results.iter().map(|r| r.error_detail.as_deref()).collect();
-    let headers: Vec<&serde_json::Value> = results.iter().map(|r| &r.request_headers).collect();
-    let bodies: Vec<Option<&str>> = results.iter().map(|r| r.response_body.as_deref()).collect();
-    let truncated: Vec<bool> = results.iter().map(|r| r.response_truncated).collect();
-    let rows: Vec<CompletedRow> = Statement::new(include_str!("sql/complete.sql"))
-        .bind::<Array<SqlUuid>, _>(&ids)
-        .bind::<Array<Int4>, _>(&numbers)
-        .bind::<Array<Nullable<Int4>>, _>(&auto_numbers)
-        .bind::<Array<Nullable<Text>>, _>(&to_states)
-        .bind::<Array<Int8>, _>(&delays)
-        .bind::<Array<Bool>, _>(&success)
-        .bind::<Array<Nullable<Int4>>, _>(&status)
-        .bind::<Array<Int4>, _>(&duration)
-        .bind::<Array<Nullable<Text>>, _>(&errors)
-        .bind::<Array<Nullable<Text>>, _>(&details)
-        .bind::<Array<Jsonb>, _>(&headers)
-        .bind::<Array<Nullable<Text>>, _>(&bodies)
-        .bind::<Array<Bool>, _>(&truncated)
-        .load(conn)
-        .await?;
-    let mut by_id: HashMap<Uuid, Completed> = HashMap::with_capacity(rows.len());
-    for row in rows {
-        let state = match row.state {
-            None => None,
-            Some(text) => Some(text.parse().map_err(|_| {
-                DbError::Corrupt(format!("delivery {}: bad state {text:?}", row.id))
-            })?),
-        };
-        by_id.insert(
-            row.id,
-            Completed {
-                moved: row.moved,
-                state,
-                next_attempt_at: row.next_attempt_at,
-            },
-        );
-    }
-    Ok(ids.iter().map(|id| by_id.remove(id)).collect())
-}
-
-/// Item indexes split into rounds of distinct deliveries, each holding the first copy of each
-/// delivery left: a delivery given twice in one batch (a manual retry beside an automatic
-/// attempt, a duplicate message) is written by a later statement that sees the first one's
-/// effect. More than one round share a transaction, so that a batch retried item by item after
-/// a failure does nothing twice.
-fn rounds(ids: impl Iterator<Item = Uuid>) -> Vec<Vec<usize>> {
-    let ids: Vec<Uuid> = ids.collect();
-    let mut rounds = Vec::new();
-    let mut left: Vec<usize> = (0..ids.len()).collect();
-    while !left.is_empty() {
-        let mut seen = HashSet::new();
-        let (this, later): (Vec<usize>, Vec<usize>) =
-            left.into_iter().partition(|&i| seen.insert(ids[i]));
-        rounds.push(this);
-        left = later;
-    }
-    rounds
 }
 
 /// Moves pending or retrying deliveries whose webhook has no room for their attempt now to
@@ -717,7 +238,7 @@ pub async fn unrecorded(
         .await?)
 }
 
-fn millis(d: Duration) -> i64 {
+pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 

@@ -8,8 +8,10 @@
 //! `tocsin-broker` too: outbox rows hold the broker's messages, and the relay publishes them
 //! through a broker handle (domain ← broker ← storage; the broker knows nothing of PostgreSQL).
 
+pub mod attempts;
 pub mod batch;
 pub mod deliveries;
+pub mod fan_out;
 pub mod incidents;
 pub mod outbox;
 pub mod relay;

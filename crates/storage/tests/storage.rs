@@ -16,10 +16,11 @@ use tocsin_domain::{
     EventKind, EventPayload, IncidentData, IncidentStatus, IncidentTitle, RetrySchedule,
     RetrySettings, Severity, TargetUrl, TransitionError, WebhookName,
 };
-use tocsin_storage::deliveries::{
-    self, AttemptResult, Claim, ClaimRules, Completed, Completion, Delivery, DeliveryState, Due,
-    FanOut, FanOutRules, FannedOut, Job,
+use tocsin_storage::attempts::{
+    self, AttemptResult, Claim, ClaimRules, Completed, Completion, Job,
 };
+use tocsin_storage::deliveries::{self, Delivery, DeliveryState, Due};
+use tocsin_storage::fan_out::{self, FanOut, FanOutRules, FannedOut};
 use tocsin_storage::incidents::{self, Change};
 use tocsin_storage::outbox::{self, NewEvent};
 use tocsin_storage::schema;
@@ -644,7 +645,7 @@ async fn fan_out_delivers_to_enabled_undeleted_subscribed_webhooks_once() {
         fan_out_request(&b, false),
     ];
     let before = OffsetDateTime::now_utc();
-    let fanned = deliveries::fan_out(&mut conn, &requests, &[], PENDING)
+    let fanned = fan_out::fan_out(&mut conn, &requests, &[], PENDING)
         .await
         .unwrap();
     assert_eq!(fanned.len(), 3, "an answer per request");
@@ -685,7 +686,7 @@ async fn fan_out_delivers_to_enabled_undeleted_subscribed_webhooks_once() {
     assert!(nothing(&fanned[2]), "the second copy creates none");
     assert_eq!(db.count("deliveries").await, 2);
 
-    let again = deliveries::fan_out(&mut conn, &requests[..2], &[], PENDING)
+    let again = fan_out::fan_out(&mut conn, &requests[..2], &[], PENDING)
         .await
         .unwrap();
     assert!(again.iter().all(nothing), "idempotent");
@@ -705,7 +706,7 @@ async fn fan_out_delivers_to_enabled_undeleted_subscribed_webhooks_once() {
         .iter()
         .map(|e| fan_out_request(e, false))
         .collect();
-    let fanned = deliveries::fan_out(&mut conn, &requests, &[], PENDING)
+    let fanned = fan_out::fan_out(&mut conn, &requests, &[], PENDING)
         .await
         .unwrap();
     assert!(nothing(&fanned[0]), "status_changed: nobody");
@@ -736,7 +737,7 @@ async fn a_fan_out_claims_the_first_attempts_of_the_deliveries_it_creates() {
         claim: true,
         lease_margin: Duration::from_secs(5),
     };
-    let fanned = deliveries::fan_out(
+    let fanned = fan_out::fan_out(
         &mut conn,
         &[fan_out_request(&event, false)],
         &[(busy.id, 0)],
@@ -782,11 +783,11 @@ async fn a_fan_out_claims_the_first_attempts_of_the_deliveries_it_creates() {
         trigger: Trigger::Automatic,
         expected_auto_attempts: 0,
     };
-    let again = deliveries::claim(&mut conn, &[claim], claim_rules())
+    let again = attempts::claim(&mut conn, &[claim], claim_rules())
         .await
         .unwrap();
     assert!(again[0].is_none(), "the first attempt is claimed once");
-    let refanned = deliveries::fan_out(&mut conn, &[fan_out_request(&event, true)], &[], rules)
+    let refanned = fan_out::fan_out(&mut conn, &[fan_out_request(&event, true)], &[], rules)
         .await
         .unwrap();
     assert!(refanned.iter().all(nothing), "nothing claimed twice");
@@ -841,7 +842,7 @@ async fn a_redelivered_event_returns_its_deliveries_still_without_an_attempt() {
         .await
         .expect("the first attempt is claimed");
 
-    let again = deliveries::fan_out(&mut conn, &[fan_out_request(&event, true)], &[], PENDING)
+    let again = fan_out::fan_out(&mut conn, &[fan_out_request(&event, true)], &[], PENDING)
         .await
         .unwrap();
     let untouched_due = *first
@@ -853,7 +854,7 @@ async fn a_redelivered_event_returns_its_deliveries_still_without_an_attempt() {
     assert_eq!(again[0].pending, [untouched_due]);
     assert!(again[0].claimed.is_empty());
     assert_eq!(again[0].waiting, 0);
-    let fresh = deliveries::fan_out(&mut conn, &[fan_out_request(&event, false)], &[], PENDING)
+    let fresh = fan_out::fan_out(&mut conn, &[fan_out_request(&event, false)], &[], PENDING)
         .await
         .unwrap();
     assert!(fresh.iter().all(nothing));
@@ -1473,7 +1474,7 @@ async fn race(
         .zip(conns)
         .map(|(claim, mut conn)| {
             tokio::spawn(async move {
-                deliveries::claim(&mut conn, &[claim], claim_rules())
+                attempts::claim(&mut conn, &[claim], claim_rules())
                     .await
                     .unwrap()
                     .pop()
@@ -1531,7 +1532,7 @@ async fn claims_and_completions_in_one_batch_move_each_delivery_as_alone() {
         // A later copy of a delivery whose first copy was refused.
         manual(ids[1]),
     ];
-    let jobs = deliveries::claim(&mut conn, &claims, claim_rules())
+    let jobs = attempts::claim(&mut conn, &claims, claim_rules())
         .await
         .unwrap();
     let summary: Vec<Option<(Uuid, i32, Trigger)>> = jobs
@@ -1561,7 +1562,7 @@ async fn claims_and_completions_in_one_batch_move_each_delivery_as_alone() {
         // The same attempt twice in one batch: recorded once.
         completion(job(1), answered(200)),
     ];
-    let answers = deliveries::complete(&mut conn, &completions).await.unwrap();
+    let answers = attempts::complete(&mut conn, &completions).await.unwrap();
     let summary: Vec<Option<(bool, Option<DeliveryState>)>> = answers
         .iter()
         .map(|c| c.map(|c| (c.moved, c.state)))
@@ -2391,7 +2392,7 @@ fn fan_out_request(event: &NewEvent, redelivered: bool) -> FanOut {
 /// Fans out one event, as a dispatcher with no room for the webhooks in `busy` does.
 async fn fan_out(conn: &mut AsyncPgConnection, event: &NewEvent, busy: &[Uuid]) -> FannedOut {
     let room: Vec<(Uuid, i64)> = busy.iter().map(|id| (*id, 0)).collect();
-    deliveries::fan_out(conn, &[fan_out_request(event, false)], &room, PENDING)
+    fan_out::fan_out(conn, &[fan_out_request(event, false)], &room, PENDING)
         .await
         .unwrap()
         .pop()
@@ -2430,7 +2431,7 @@ async fn claim(
     expected_auto_attempts: i32,
     rules: ClaimRules,
 ) -> Option<Job> {
-    deliveries::claim(
+    attempts::claim(
         conn,
         &[Claim {
             delivery_id,
@@ -2474,7 +2475,7 @@ fn completion(job: &Job, result: AttemptResult) -> Completion {
 }
 
 async fn complete(conn: &mut AsyncPgConnection, completion: Completion) -> Option<Completed> {
-    deliveries::complete(conn, &[completion])
+    attempts::complete(conn, &[completion])
         .await
         .unwrap()
         .pop()

@@ -4,9 +4,9 @@
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use tocsin_domain::delivery::{AttemptError, Transition, Trigger};
 use tocsin_domain::{EventKind, RetrySchedule};
-use tocsin_storage::deliveries::{
-    self, AttemptResult, Claim, ClaimRules, Completed, Completion, FanOut,
-};
+use tocsin_storage::attempts::{self, AttemptResult, Claim, ClaimRules, Completed, Completion};
+use tocsin_storage::deliveries;
+use tocsin_storage::fan_out::{self, FanOut};
 use uuid::Uuid;
 
 /// Creates the delivery of a recorded event to one webhook (as the fan-out of a test event
@@ -18,7 +18,7 @@ pub async fn create_delivery(
     incident_id: Uuid,
     webhook_id: Uuid,
 ) -> Uuid {
-    let fanned = deliveries::fan_out(
+    let fanned = fan_out::fan_out(
         conn,
         &[FanOut {
             event_id,
@@ -28,7 +28,7 @@ pub async fn create_delivery(
             redelivered: false,
         }],
         &[],
-        deliveries::FanOutRules {
+        fan_out::FanOutRules {
             claim: false,
             lease_margin: std::time::Duration::from_secs(5),
         },
@@ -70,7 +70,7 @@ pub async fn record_attempt(
     result: AttemptResult,
 ) -> Completed {
     let delivery = deliveries::get(conn, delivery_id).await.expect("delivery");
-    let job = deliveries::claim(
+    let job = attempts::claim(
         conn,
         &[Claim {
             delivery_id,
@@ -91,7 +91,7 @@ pub async fn record_attempt(
         job.webhook.retry.max_attempts(),
         &RetrySchedule::specification(),
     );
-    deliveries::complete(
+    attempts::complete(
         conn,
         &[Completion {
             delivery_id,

@@ -1,0 +1,356 @@
+//! Attempts: claiming one (its row in the attempt log is written, with no outcome yet, before
+//! its request is sent), the job it hands the dispatcher, and recording its outcome, which moves
+//! the delivery as [`tocsin_domain::delivery::Transition`] says. Every write is guarded in SQL
+//! (compare-and-set on the state, the automatic attempt count and the attempt's lease), so that
+//! no interleaving of dispatchers, redelivered messages, manual retries and sweeper passes makes
+//! an attempt the schedule does not allow or sends a request the attempt log does not show.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel::sql_types::{Array, BigInt, Bool, Int4, Int8, Jsonb, Nullable, Text, Timestamptz};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::deliveries::{millis, Delivery, DeliveryRow};
+use crate::schema::{deliveries, events, webhooks};
+use crate::statement::Statement;
+use crate::webhooks::{Webhook, WebhookRow};
+use crate::DbError;
+pub use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger, WaitReason};
+
+type SqlUuid = diesel::sql_types::Uuid;
+
+/// A request for one attempt of a delivery, to be claimed before it is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub delivery_id: Uuid,
+    pub trigger: Trigger,
+    /// For an automatic attempt: the automatic attempts the caller saw made (the attempt
+    /// claimed is the next one).
+    pub expected_auto_attempts: i32,
+}
+
+/// Limits every claim applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimRules {
+    /// The schedule's length: no webhook gets more automatic attempts.
+    pub schedule_attempts: u8,
+    /// How much longer than the webhook's timeout an automatic attempt's lease lasts.
+    pub lease_margin: Duration,
+    /// How early an automatic attempt may be claimed before it is due.
+    pub early: Duration,
+}
+
+/// A claimed attempt: everything needed to make it.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub delivery: Delivery,
+    pub webhook: Webhook,
+    /// The number of the attempt claimed (its row in the attempt log).
+    pub number: i32,
+    pub trigger: Trigger,
+    /// The exact body to send.
+    pub body: String,
+    /// When the event happened (for the end-to-end lag).
+    pub occurred_at: OffsetDateTime,
+    /// Whether this is a test event sent from the settings.
+    pub test: bool,
+}
+
+#[derive(QueryableByName)]
+struct ClaimedRow {
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
+    #[diesel(sql_type = Int4)]
+    number: i32,
+}
+
+/// Claims attempts (the dispatcher gathers those of concurrent workers): each admitted claim
+/// logs an attempt with no outcome yet, before its request is sent, and answers the [`Job`];
+/// `None` for a claim its guard refused (see `sql/claim.sql`): a duplicate or late message, a
+/// finished delivery, an exhausted schedule, a disabled or deleted webhook. A delivery given
+/// more than once is claimed in rounds, in one transaction.
+pub async fn claim(
+    conn: &mut AsyncPgConnection,
+    claims: &[Claim],
+    rules: ClaimRules,
+) -> Result<Vec<Option<Job>>, DbError> {
+    let rounds = rounds(claims.iter().map(|c| c.delivery_id));
+    if rounds.len() <= 1 {
+        return claim_round(conn, claims, rules).await;
+    }
+    conn.transaction::<_, DbError, _>(async |conn| {
+        let mut answers = vec![None; claims.len()];
+        for round in &rounds {
+            let items: Vec<Claim> = round.iter().map(|&i| claims[i]).collect();
+            for (&i, answer) in round.iter().zip(claim_round(conn, &items, rules).await?) {
+                answers[i] = answer;
+            }
+        }
+        Ok(answers)
+    })
+    .await
+}
+
+async fn claim_round(
+    conn: &mut AsyncPgConnection,
+    round: &[Claim],
+    rules: ClaimRules,
+) -> Result<Vec<Option<Job>>, DbError> {
+    let ids: Vec<Uuid> = round.iter().map(|c| c.delivery_id).collect();
+    let triggers: Vec<&str> = round.iter().map(|c| c.trigger.as_str()).collect();
+    let expected: Vec<i32> = round.iter().map(|c| c.expected_auto_attempts).collect();
+    let claimed: Vec<ClaimedRow> = Statement::new(include_str!("sql/claim.sql"))
+        .bind::<Array<SqlUuid>, _>(&ids)
+        .bind::<Array<Text>, _>(&triggers)
+        .bind::<Array<Int4>, _>(&expected)
+        .bind::<BigInt, _>(millis(rules.lease_margin))
+        .bind::<Int4, _>(i32::from(rules.schedule_attempts))
+        .bind::<BigInt, _>(millis(rules.early))
+        .load(conn)
+        .await?;
+    let claimed: Vec<(Uuid, i32, Trigger)> = round
+        .iter()
+        .filter_map(|claim| {
+            let row = claimed.iter().find(|row| row.id == claim.delivery_id)?;
+            Some((row.id, row.number, claim.trigger))
+        })
+        .collect();
+    let mut jobs = load_jobs(conn, &claimed).await?;
+    Ok(round
+        .iter()
+        .map(|claim| jobs.remove(&claim.delivery_id))
+        .collect())
+}
+
+/// Loads what making each claimed attempt (delivery id, attempt number, trigger) needs, in one
+/// query.
+async fn load_jobs(
+    conn: &mut AsyncPgConnection,
+    claimed: &[(Uuid, i32, Trigger)],
+) -> Result<HashMap<Uuid, Job>, DbError> {
+    if claimed.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let ids: Vec<Uuid> = claimed.iter().map(|(id, _, _)| *id).collect();
+    let rows: Vec<(
+        DeliveryRow,
+        WebhookRow,
+        String,
+        OffsetDateTime,
+        Option<Uuid>,
+    )> = deliveries::table
+        .inner_join(webhooks::table)
+        .inner_join(events::table)
+        .filter(deliveries::id.eq_any(&ids))
+        .select((
+            DeliveryRow::as_select(),
+            WebhookRow::as_select(),
+            events::body,
+            events::occurred_at,
+            events::test_webhook_id,
+        ))
+        .load(conn)
+        .await?;
+    let mut jobs = HashMap::with_capacity(rows.len());
+    for (delivery, webhook, body, occurred_at, test_webhook_id) in rows {
+        let delivery: Delivery = delivery.try_into()?;
+        let Some(&(_, number, trigger)) = claimed.iter().find(|(id, _, _)| *id == delivery.id)
+        else {
+            continue;
+        };
+        jobs.insert(
+            delivery.id,
+            Job {
+                delivery,
+                webhook: webhook.try_into()?,
+                number,
+                trigger,
+                body,
+                occurred_at,
+                test: test_webhook_id.is_some(),
+            },
+        );
+    }
+    Ok(jobs)
+}
+
+/// What an attempt's request brought back, or why it has none.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptResult {
+    pub success: bool,
+    pub status_code: Option<u16>,
+    pub duration_ms: i32,
+    pub error: Option<AttemptError>,
+    pub error_detail: Option<String>,
+    pub request_headers: serde_json::Value,
+    pub response_body: Option<String>,
+    pub response_truncated: bool,
+}
+
+impl AttemptResult {
+    /// The result of an attempt whose dispatcher stopped before recording it.
+    pub fn interrupted() -> Self {
+        AttemptResult {
+            success: false,
+            status_code: None,
+            duration_ms: 0,
+            error: Some(AttemptError::Interrupted),
+            error_detail: Some(
+                "the dispatcher making this attempt stopped before it recorded the answer".into(),
+            ),
+            request_headers: serde_json::Value::Object(Default::default()),
+            response_body: None,
+            response_truncated: false,
+        }
+    }
+}
+
+/// A claimed attempt's outcome and the transition it makes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    pub delivery_id: Uuid,
+    /// The attempt's number in the attempt log.
+    pub number: i32,
+    /// For an automatic attempt, its automatic number.
+    pub auto_number: Option<i32>,
+    pub result: AttemptResult,
+    pub transition: Transition,
+}
+
+/// Where a completion left its delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completed {
+    /// Whether the transition was made (it is not when, say, a manual attempt succeeded the
+    /// delivery meanwhile).
+    pub moved: bool,
+    pub state: Option<DeliveryState>,
+    pub next_attempt_at: Option<OffsetDateTime>,
+}
+
+#[derive(QueryableByName)]
+struct CompletedRow {
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
+    #[diesel(sql_type = Nullable<Text>)]
+    state: Option<String>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    next_attempt_at: Option<OffsetDateTime>,
+    #[diesel(sql_type = Bool)]
+    moved: bool,
+}
+
+/// Records attempts' outcomes and moves their deliveries (see `sql/complete.sql`); `None` for
+/// an attempt whose outcome was recorded already. A delivery given more than once is
+/// completed in rounds, in one transaction.
+pub async fn complete(
+    conn: &mut AsyncPgConnection,
+    completions: &[Completion],
+) -> Result<Vec<Option<Completed>>, DbError> {
+    let rounds = rounds(completions.iter().map(|c| c.delivery_id));
+    if rounds.len() <= 1 {
+        return complete_round(conn, completions).await;
+    }
+    conn.transaction::<_, DbError, _>(async |conn| {
+        let mut answers = vec![None; completions.len()];
+        for round in &rounds {
+            let items: Vec<Completion> = round.iter().map(|&i| completions[i].clone()).collect();
+            for (&i, answer) in round.iter().zip(complete_round(conn, &items).await?) {
+                answers[i] = answer;
+            }
+        }
+        Ok(answers)
+    })
+    .await
+}
+
+async fn complete_round(
+    conn: &mut AsyncPgConnection,
+    round: &[Completion],
+) -> Result<Vec<Option<Completed>>, DbError> {
+    let ids: Vec<Uuid> = round.iter().map(|c| c.delivery_id).collect();
+    let numbers: Vec<i32> = round.iter().map(|c| c.number).collect();
+    let auto_numbers: Vec<Option<i32>> = round.iter().map(|c| c.auto_number).collect();
+    let to_states: Vec<Option<&str>> = round
+        .iter()
+        .map(|c| c.transition.state().map(DeliveryState::as_str))
+        .collect();
+    let delays: Vec<i64> = round
+        .iter()
+        .map(|c| match c.transition {
+            Transition::Retry { delay } => millis(delay),
+            _ => 0,
+        })
+        .collect();
+    let results: Vec<&AttemptResult> = round.iter().map(|c| &c.result).collect();
+    let success: Vec<bool> = results.iter().map(|r| r.success).collect();
+    let status: Vec<Option<i32>> = results
+        .iter()
+        .map(|r| r.status_code.map(i32::from))
+        .collect();
+    let duration: Vec<i32> = results.iter().map(|r| r.duration_ms).collect();
+    let errors: Vec<Option<&str>> = results
+        .iter()
+        .map(|r| r.error.map(AttemptError::as_str))
+        .collect();
+    let details: Vec<Option<&str>> = results.iter().map(|r| r.error_detail.as_deref()).collect();
+    let headers: Vec<&serde_json::Value> = results.iter().map(|r| &r.request_headers).collect();
+    let bodies: Vec<Option<&str>> = results.iter().map(|r| r.response_body.as_deref()).collect();
+    let truncated: Vec<bool> = results.iter().map(|r| r.response_truncated).collect();
+    let rows: Vec<CompletedRow> = Statement::new(include_str!("sql/complete.sql"))
+        .bind::<Array<SqlUuid>, _>(&ids)
+        .bind::<Array<Int4>, _>(&numbers)
+        .bind::<Array<Nullable<Int4>>, _>(&auto_numbers)
+        .bind::<Array<Nullable<Text>>, _>(&to_states)
+        .bind::<Array<Int8>, _>(&delays)
+        .bind::<Array<Bool>, _>(&success)
+        .bind::<Array<Nullable<Int4>>, _>(&status)
+        .bind::<Array<Int4>, _>(&duration)
+        .bind::<Array<Nullable<Text>>, _>(&errors)
+        .bind::<Array<Nullable<Text>>, _>(&details)
+        .bind::<Array<Jsonb>, _>(&headers)
+        .bind::<Array<Nullable<Text>>, _>(&bodies)
+        .bind::<Array<Bool>, _>(&truncated)
+        .load(conn)
+        .await?;
+    let mut by_id: HashMap<Uuid, Completed> = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let state = match row.state {
+            None => None,
+            Some(text) => Some(text.parse().map_err(|_| {
+                DbError::Corrupt(format!("delivery {}: bad state {text:?}", row.id))
+            })?),
+        };
+        by_id.insert(
+            row.id,
+            Completed {
+                moved: row.moved,
+                state,
+                next_attempt_at: row.next_attempt_at,
+            },
+        );
+    }
+    Ok(ids.iter().map(|id| by_id.remove(id)).collect())
+}
+
+/// Item indexes split into rounds of distinct deliveries, each holding the first copy of each
+/// delivery left: a delivery given twice in one batch (a manual retry beside an automatic
+/// attempt, a duplicate message) is written by a later statement that sees the first one's
+/// effect. More than one round share a transaction, so that a batch retried item by item after
+/// a failure does nothing twice.
+fn rounds(ids: impl Iterator<Item = Uuid>) -> Vec<Vec<usize>> {
+    let ids: Vec<Uuid> = ids.collect();
+    let mut rounds = Vec::new();
+    let mut left: Vec<usize> = (0..ids.len()).collect();
+    while !left.is_empty() {
+        let mut seen = HashSet::new();
+        let (this, later): (Vec<usize>, Vec<usize>) =
+            left.into_iter().partition(|&i| seen.insert(ids[i]));
+        rounds.push(this);
+        left = later;
+    }
+    rounds
+}

@@ -1,0 +1,169 @@
+//! Fan-out: one delivery per subscribed webhook for each event, created idempotently, with
+//! each first attempt claimed in the same statement (`sql/fan_out.sql`).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel::sql_types::{Array, BigInt, Bool, Int8, Nullable, Text, Timestamptz};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::attempts::Job;
+use crate::deliveries::{millis, Delivery, DeliveryRow, Due};
+use crate::schema::deliveries;
+use crate::statement::Statement;
+use crate::webhooks::WebhookRow;
+use crate::DbError;
+pub use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger, WaitReason};
+use tocsin_domain::EventKind;
+
+type SqlUuid = diesel::sql_types::Uuid;
+
+/// An event to fan out: one delivery per enabled webhook subscribed to its kind, or for a test
+/// event, to its one webhook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FanOut {
+    pub event_id: Uuid,
+    pub kind: EventKind,
+    pub incident_id: Uuid,
+    pub test_webhook_id: Option<Uuid>,
+    /// The broker delivered the event before: the last try may have created its deliveries and
+    /// stopped before attempting them, so every one still waiting for its first attempt is
+    /// returned again.
+    pub redelivered: bool,
+}
+
+/// What fanning out one event made.
+#[derive(Debug, Clone, Default)]
+pub struct FannedOut {
+    /// First attempts claimed with the deliveries: the caller makes them.
+    pub claimed: Vec<Job>,
+    /// Deliveries created `pending` (the caller did not ask for claims), or, for a redelivered
+    /// event, still waiting for their first attempt: the caller claims and makes them.
+    pub pending: Vec<Due>,
+    /// Deliveries created `waiting`: their webhooks had no room in the caller.
+    pub waiting: usize,
+}
+
+/// How a fan-out starts the deliveries it creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FanOutRules {
+    /// Whether the first attempt of each delivery not `waiting` is claimed with it.
+    pub claim: bool,
+    /// How much longer than its webhook's timeout a claimed attempt's lease lasts.
+    pub lease_margin: Duration,
+}
+
+/// A delivery a fan-out created, with what making its first attempt needs.
+#[derive(QueryableByName)]
+struct CreatedRow {
+    #[diesel(embed)]
+    delivery: DeliveryRow,
+    /// The webhook's row, as JSON.
+    #[diesel(sql_type = Text)]
+    webhook: String,
+    #[diesel(sql_type = Text)]
+    body: String,
+    #[diesel(sql_type = Timestamptz)]
+    occurred_at: OffsetDateTime,
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    test_webhook_id: Option<Uuid>,
+}
+
+/// Fans out several events with one statement (the dispatcher gathers the events it receives
+/// concurrently; see `sql/fan_out.sql`): `room` lists the webhooks the caller has room for only
+/// so many more attempts to, and the deliveries beyond it start `waiting`; the others start
+/// with their first attempt claimed when `rules` say so. An event given twice is fanned out
+/// once.
+pub async fn fan_out(
+    conn: &mut AsyncPgConnection,
+    events: &[FanOut],
+    room: &[(Uuid, i64)],
+    rules: FanOutRules,
+) -> Result<Vec<FannedOut>, DbError> {
+    let (limited, rooms): (Vec<Uuid>, Vec<i64>) = room.iter().copied().unzip();
+    let mut first_copy: HashMap<Uuid, usize> = HashMap::new();
+    for (index, event) in events.iter().enumerate() {
+        first_copy.entry(event.event_id).or_insert(index);
+    }
+    let firsts: Vec<&FanOut> = events
+        .iter()
+        .enumerate()
+        .filter(|(index, event)| first_copy.get(&event.event_id) == Some(index))
+        .map(|(_, event)| event)
+        .collect();
+    let ids: Vec<Uuid> = firsts.iter().map(|e| e.event_id).collect();
+    let kinds: Vec<&str> = firsts.iter().map(|e| e.kind.as_str()).collect();
+    let incidents: Vec<Uuid> = firsts.iter().map(|e| e.incident_id).collect();
+    let tests: Vec<Option<Uuid>> = firsts.iter().map(|e| e.test_webhook_id).collect();
+    let created: Vec<CreatedRow> = Statement::new(include_str!("sql/fan_out.sql"))
+        .bind::<Array<SqlUuid>, _>(&ids)
+        .bind::<Array<Text>, _>(&kinds)
+        .bind::<Array<SqlUuid>, _>(&incidents)
+        .bind::<Array<Nullable<SqlUuid>>, _>(&tests)
+        .bind::<Array<SqlUuid>, _>(&limited)
+        .bind::<Bool, _>(rules.claim)
+        .bind::<BigInt, _>(millis(rules.lease_margin))
+        .bind::<Array<Int8>, _>(&rooms)
+        .load(conn)
+        .await?;
+    let mut results = vec![FannedOut::default(); events.len()];
+    for row in created {
+        let Some(&index) = first_copy.get(&row.delivery.event_id) else {
+            continue;
+        };
+        let delivery: Delivery = row.delivery.try_into()?;
+        if delivery.state == DeliveryState::Waiting {
+            results[index].waiting += 1;
+        } else if delivery.attempt_count == 1 {
+            let webhook: WebhookRow = serde_json::from_str(&row.webhook)
+                .map_err(|e| DbError::Corrupt(format!("webhook {}: {e}", delivery.webhook_id)))?;
+            results[index].claimed.push(Job {
+                delivery,
+                webhook: webhook.try_into()?,
+                number: 1,
+                trigger: Trigger::Automatic,
+                body: row.body,
+                occurred_at: row.occurred_at,
+                test: row.test_webhook_id.is_some(),
+            });
+        } else {
+            results[index].pending.push(Due {
+                delivery_id: delivery.id,
+                webhook_id: delivery.webhook_id,
+                auto_attempts: 0,
+            });
+        }
+    }
+    let redelivered: Vec<Uuid> = firsts
+        .iter()
+        .filter(|e| e.redelivered)
+        .map(|e| e.event_id)
+        .collect();
+    if !redelivered.is_empty() {
+        let again: Vec<(Uuid, Uuid, Uuid)> = deliveries::table
+            .filter(deliveries::event_id.eq_any(&redelivered))
+            .filter(deliveries::state.eq(DeliveryState::Pending.as_str()))
+            .filter(deliveries::auto_attempts.eq(0))
+            .filter(deliveries::attempting_until.is_null())
+            .select((deliveries::event_id, deliveries::id, deliveries::webhook_id))
+            .load(conn)
+            .await?;
+        for (event_id, delivery_id, webhook_id) in again {
+            let Some(&index) = first_copy.get(&event_id) else {
+                continue;
+            };
+            let pending = &mut results[index].pending;
+            if !pending.iter().any(|due| due.delivery_id == delivery_id) {
+                pending.push(Due {
+                    delivery_id,
+                    webhook_id,
+                    auto_attempts: 0,
+                });
+            }
+        }
+    }
+    Ok(results)
+}
