@@ -12,15 +12,13 @@ use tocsin_broker::topology::DELIVERY_ROUTING_KEY;
 use tocsin_broker::{string_header, Broker, Outgoing};
 use tocsin_domain::delivery::Trigger;
 use tocsin_domain::RetrySchedule;
-use tocsin_storage::attempts::{Claim, Completed, Completion, Job};
 use tocsin_storage::deliveries::Due;
-use tocsin_storage::fan_out::{FanOut, FannedOut};
-use tocsin_storage::{DbBatcher, DbError, DbPool};
+use tocsin_storage::{DbError, DbPool};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use uuid::Uuid;
 
+use crate::batched::Batched;
 use crate::metrics::DispatcherMetrics;
 use crate::slots::WebhookSlots;
 use crate::ssrf::TargetPolicy;
@@ -58,10 +56,6 @@ pub(crate) enum Outcome {
     Requeue,
 }
 
-/// An event to fan out, with the room the dispatcher has for each webhook that is not
-/// answering (see `crate::slots::WebhookSlots::limited_room`).
-pub(crate) type FanOutRequest = (FanOut, Arc<[(Uuid, i64)]>);
-
 /// What every handler shares.
 pub(crate) struct Context {
     pub pool: DbPool,
@@ -79,16 +73,8 @@ pub(crate) struct Context {
     /// Attempts this dispatcher started itself (first attempts after a fan-out, waiting
     /// deliveries taken), drained on stop.
     pub tasks: TaskTracker,
-    /// Fan-outs of events received concurrently, written by shared statements.
-    pub fanouts: DbBatcher<FanOutRequest, FannedOut>,
-    /// Attempts claimed concurrently.
-    pub claims: DbBatcher<Claim, Option<Job>>,
-    /// Attempts finished concurrently.
-    pub completions: DbBatcher<Completion, Option<Completed>>,
-    /// Deliveries whose webhook had no room, moved to `waiting` together.
-    pub waits: DbBatcher<Due, bool>,
-    /// Deliveries that can get no more automatic attempt, failed together.
-    pub stops: DbBatcher<Uuid, bool>,
+    /// The repository operations whose concurrent calls share statements.
+    pub batched: Batched,
 }
 
 impl Context {

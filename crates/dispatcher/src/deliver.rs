@@ -111,7 +111,7 @@ fn tell(claimed: Claimed) {
 
 #[tracing::instrument(skip_all, fields(delivery_id = %due.delivery_id, webhook_id = %due.webhook_id))]
 async fn wait(ctx: &Context, due: Due) -> Outcome {
-    match retry_db!(ctx, tocsin_storage::submit(&ctx.waits, due).await) {
+    match retry_db!(ctx, ctx.batched.wait(due).await) {
         Ok(true) => {
             ctx.metrics.waited.inc();
             tracing::debug!("webhook busy; delivery waiting");
@@ -130,7 +130,7 @@ async fn attempt(ctx: &Context, claim: Claim, slot: Option<Slot>, claimed: Claim
     let Ok(_request) = ctx.requests.acquire().await else {
         return Outcome::Requeue;
     };
-    let job = retry_db!(ctx, tocsin_storage::submit(&ctx.claims, claim).await);
+    let job = retry_db!(ctx, ctx.batched.claim(claim).await);
     tell(claimed);
     let job = match job {
         Ok(Some(job)) => job,
@@ -184,10 +184,7 @@ async fn make(ctx: &Context, job: Job, slot: Option<Slot>) -> Outcome {
         result,
         transition,
     };
-    let completed = match retry_db!(
-        ctx,
-        tocsin_storage::submit(&ctx.completions, completion.clone()).await
-    ) {
+    let completed = match retry_db!(ctx, ctx.batched.complete(completion.clone()).await) {
         Ok(Some(completed)) => completed,
         // Recorded as interrupted meanwhile (this dispatcher outlived its lease).
         Ok(None) => return Outcome::Done,
@@ -230,10 +227,7 @@ async fn refused(ctx: &Context, claim: Claim) -> Outcome {
         );
         return Outcome::Done;
     }
-    match retry_db!(
-        ctx,
-        tocsin_storage::submit(&ctx.stops, claim.delivery_id).await
-    ) {
+    match retry_db!(ctx, ctx.batched.stop(claim.delivery_id).await) {
         Ok(stopped) => {
             if stopped {
                 tracing::info!("no further attempt allowed; delivery failed");

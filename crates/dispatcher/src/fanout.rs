@@ -42,7 +42,7 @@ async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) ->
         waiting,
     } = match retry_db!(
         ctx,
-        tocsin_storage::submit(&ctx.fanouts, (request.clone(), room.clone())).await
+        ctx.batched.fan_out(request.clone(), room.clone()).await
     ) {
         Ok(fanned) => fanned,
         Err(outcome) => return outcome,

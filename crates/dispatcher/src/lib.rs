@@ -3,6 +3,7 @@
 //! five-step schedule through RabbitMQ's per-delay retry queues. Any number of dispatchers share
 //! the queues.
 
+mod batched;
 mod config;
 mod context;
 mod deliver;

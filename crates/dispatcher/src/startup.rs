@@ -6,21 +6,17 @@ use std::time::Duration;
 
 use actix_web::web;
 use anyhow::Context as _;
-use diesel_async::AsyncPgConnection;
-use futures::future::BoxFuture;
 use prometheus::Registry;
 use tocsin_broker::{run_consumer, ConsumerOptions};
-use tocsin_storage::attempts::{self, Claim, ClaimRules};
-use tocsin_storage::deliveries::{self, WaitReason};
-use tocsin_storage::fan_out::{self, FanOut, FanOutRules, FannedOut};
-use tocsin_storage::DbError;
+use tocsin_storage::attempts::ClaimRules;
 use tocsin_web::{Background, HttpMetrics, Readiness, Service};
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
+use crate::batched::Batched;
 use crate::config::Config;
-use crate::context::{Context, FanOutRequest, LEASE_MARGIN};
+use crate::context::{Context, LEASE_MARGIN};
 use crate::metrics::DispatcherMetrics;
 use crate::slots::WebhookSlots;
 use crate::ssrf::{GuardedResolver, TargetPolicy};
@@ -28,10 +24,6 @@ use crate::ssrf::{GuardedResolver, TargetPolicy};
 /// The running dispatcher.
 pub type App = Service;
 
-/// Largest batch of claims, completions or fan-outs written by one statement.
-const MAX_BATCH: usize = 64;
-/// Statements of each kind in flight at once (each holds a pooled connection meanwhile).
-const BATCH_WORKERS: usize = 2;
 /// How early a retry message may claim its attempt (the broker's TTL is not exact).
 const EARLY: Duration = Duration::from_secs(1);
 
@@ -82,32 +74,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         slots: WebhookSlots::new(usize::from(config.webhook_concurrency)),
         requests: Arc::new(Semaphore::new(usize::from(config.concurrency))),
         tasks: TaskTracker::new(),
-        fanouts: tocsin_storage::batcher(&pool, MAX_BATCH, BATCH_WORKERS, fan_out_batch),
-        claims: tocsin_storage::batcher(
-            &pool,
-            MAX_BATCH,
-            BATCH_WORKERS,
-            move |conn: &mut AsyncPgConnection, claims: &[Claim]| -> BoxFuture<'_, _> {
-                Box::pin(attempts::claim(conn, claims, claim_rules))
-            },
-        ),
-        completions: tocsin_storage::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, items| {
-            Box::pin(attempts::complete(conn, items))
-        }),
-        waits: tocsin_storage::batcher(&pool, MAX_BATCH, 1, |conn, items| {
-            Box::pin(deliveries::wait(conn, items, WaitReason::WebhookBusy))
-        }),
-        stops: tocsin_storage::batcher(
-            &pool,
-            MAX_BATCH,
-            1,
-            move |conn: &mut AsyncPgConnection, ids: &[Uuid]| -> BoxFuture<'_, _> {
-                Box::pin(async move {
-                    let stopped = deliveries::stop(conn, ids, schedule_attempts).await?;
-                    Ok(ids.iter().map(|id| stopped.contains(id)).collect())
-                })
-            },
-        ),
+        batched: Batched::start(&pool, claim_rules, schedule_attempts),
     });
 
     let readiness = Readiness {
@@ -208,20 +175,4 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         background,
         common.shutdown_timeout,
     ))
-}
-
-fn fan_out_batch<'a>(
-    conn: &'a mut AsyncPgConnection,
-    items: &'a [FanOutRequest],
-) -> BoxFuture<'a, Result<Vec<FannedOut>, DbError>> {
-    Box::pin(async move {
-        let events: Vec<FanOut> = items.iter().map(|(event, _)| event.clone()).collect();
-        // The latest view of the webhooks' room among the batch's callers.
-        let room = items.last().map(|(_, room)| room.clone());
-        let rules = FanOutRules {
-            claim: true,
-            lease_margin: LEASE_MARGIN,
-        };
-        fan_out::fan_out(conn, &events, room.as_deref().unwrap_or_default(), rules).await
-    })
 }

@@ -107,7 +107,7 @@ async fn record_interrupted(ctx: &Context) -> anyhow::Result<usize> {
             result: AttemptResult::interrupted(),
             transition,
         };
-        let Some(completed) = tocsin_storage::submit(&ctx.completions, completion).await? else {
+        let Some(completed) = ctx.batched.complete(completion).await? else {
             continue;
         };
         recorded += 1;

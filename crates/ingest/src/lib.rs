@@ -2,6 +2,7 @@
 //! Monitoring tools post their alerts here with a bearer token; each body becomes incident
 //! changes and their events, committed in one transaction with the outbox.
 
+mod batched;
 mod config;
 mod metrics;
 mod rate_limit;

@@ -4,16 +4,17 @@ use std::sync::Arc;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
-use tocsin_domain::alerts::{self, AlertAction, AlertError, AlertFormat, AlertSignal};
+use tocsin_domain::alerts::{self, AlertAction, AlertError, AlertFormat};
 use tocsin_domain::{AccessToken, EventKind, IncidentStatus};
 use tocsin_storage::incidents::{Change, SignalOutcome};
-use tocsin_storage::{DbBatcher, DbError};
+use tocsin_storage::DbError;
 use tocsin_web::auth::bearer_token;
 use tocsin_web::body::{read_limited, BodyError};
 use tocsin_web::{json, ApiError};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
+use crate::batched::Batched;
 use crate::metrics::IngestMetrics;
 use crate::rate_limit::RateLimiter;
 
@@ -22,10 +23,8 @@ const RETRY_AFTER_UNAVAILABLE: u64 = 5;
 
 /// What the handler shares.
 pub struct IngestState {
-    /// Tokens presented concurrently, checked in shared queries.
-    pub tokens: DbBatcher<AccessToken, Option<Uuid>>,
-    /// Alerts received concurrently, written in shared transactions.
-    pub alerts: DbBatcher<Vec<AlertSignal>, Vec<SignalOutcome>>,
+    /// Token checks and alert writes, batched across concurrent requests.
+    pub batched: Batched,
     pub relay: Arc<Notify>,
     pub limiter: RateLimiter,
     pub metrics: IngestMetrics,
@@ -194,7 +193,7 @@ async fn handle(
     let parsed = alerts::parse(&body, format)?;
     *format_label = parsed.format.as_str();
     let reply_key = parsed.signals.iter().find_map(|s| s.reply_key.clone());
-    let outcomes = tocsin_storage::submit(&state.alerts, parsed.signals).await?;
+    let outcomes = state.batched.apply_alerts(parsed.signals).await?;
     if outcomes.iter().any(|o| !o.events.is_empty()) {
         state.relay.notify_one();
     }
@@ -212,7 +211,9 @@ async fn authenticate(req: &HttpRequest, state: &IngestState) -> Result<Uuid, In
     let presented = bearer_token(req)
         .and_then(AccessToken::from_presented)
         .ok_or(IngestError::Unauthorized)?;
-    tocsin_storage::submit(&state.tokens, presented)
+    state
+        .batched
+        .authenticate(presented)
         .await?
         .ok_or(IngestError::Unauthorized)
 }

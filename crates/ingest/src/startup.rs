@@ -3,20 +3,14 @@
 use actix_web::web;
 use anyhow::Context;
 use prometheus::Registry;
-use tocsin_storage::outbox::Wake;
 use tocsin_storage::relay::OutboxRelay;
-use tocsin_storage::{incidents, tokens};
 use tocsin_web::{Background, HttpMetrics, Readiness, Service};
 
+use crate::batched::Batched;
 use crate::config::Config;
 use crate::metrics::IngestMetrics;
 use crate::rate_limit::RateLimiter;
 use crate::routes::{receive_alerts, IngestState};
-
-/// Most alerts written in one transaction.
-const MAX_BATCH: usize = 64;
-/// Alert transactions in flight at once (each holds a pooled connection meanwhile).
-const BATCH_WORKERS: usize = 4;
 
 /// The running ingest service.
 pub type App = Service;
@@ -40,12 +34,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         &registry,
     )?;
     let state = web::Data::new(IngestState {
-        tokens: tocsin_storage::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, presented| {
-            Box::pin(tokens::authenticate_all(conn, presented))
-        }),
-        alerts: tocsin_storage::batcher(&pool, MAX_BATCH, BATCH_WORKERS, |conn, bodies| {
-            Box::pin(incidents::apply_alerts(conn, bodies, Wake::Caller))
-        }),
+        batched: Batched::start(&pool),
         relay: relay.waker(),
         limiter: RateLimiter::new(config.rate_limit, config.rate_burst),
         metrics: IngestMetrics::new(&registry)?,

@@ -1,0 +1,47 @@
+//! Ingest's batched repository operations, each named at its call
+//! (`state.batched.apply_alerts(signals)`): concurrent calls share statements, each caller
+//! getting its own answer (see `tocsin_storage::batch`).
+
+use tocsin_domain::alerts::AlertSignal;
+use tocsin_domain::AccessToken;
+use tocsin_storage::incidents::{self, SignalOutcome};
+use tocsin_storage::outbox::Wake;
+use tocsin_storage::{batcher, submit, tokens, DbBatcher, DbError, DbPool};
+use uuid::Uuid;
+
+/// Most items of one operation in one statement or transaction.
+const MAX_BATCH: usize = 64;
+/// Statements of each kind in flight at once (each holds a pooled connection meanwhile).
+const BATCH_WORKERS: usize = 4;
+
+pub struct Batched {
+    tokens: DbBatcher<AccessToken, Option<Uuid>>,
+    alerts: DbBatcher<Vec<AlertSignal>, Vec<SignalOutcome>>,
+}
+
+impl Batched {
+    pub fn start(pool: &DbPool) -> Batched {
+        Batched {
+            tokens: batcher(pool, MAX_BATCH, BATCH_WORKERS, |conn, presented| {
+                Box::pin(tokens::authenticate_all(conn, presented))
+            }),
+            alerts: batcher(pool, MAX_BATCH, BATCH_WORKERS, |conn, bodies| {
+                Box::pin(incidents::apply_alerts(conn, bodies, Wake::Caller))
+            }),
+        }
+    }
+
+    /// The id of the live token presented, if any ([`tokens::authenticate_all`]).
+    pub async fn authenticate(&self, presented: AccessToken) -> Result<Option<Uuid>, DbError> {
+        submit(&self.tokens, presented).await
+    }
+
+    /// Applies one alert body's signals and records their events in the outbox; the caller
+    /// wakes the relay ([`incidents::apply_alerts`]).
+    pub async fn apply_alerts(
+        &self,
+        signals: Vec<AlertSignal>,
+    ) -> Result<Vec<SignalOutcome>, DbError> {
+        submit(&self.alerts, signals).await
+    }
+}
