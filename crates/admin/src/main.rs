@@ -8,10 +8,7 @@ async fn main() -> ExitCode {
     let result = match cli.into_command() {
         Command::Serve(config) => {
             tocsin_web::config::init_tracing(config.common.log_format);
-            match tocsin_admin::build(config).await {
-                Ok(app) => app.run_until_stopped().await,
-                Err(error) => Err(error),
-            }
+            async { tocsin_admin::build(config).await?.run_until_stopped().await }.await
         }
         // No tracing here: stdout carries only the command's output.
         Command::Token(args) => tocsin_admin::cli::run(args).await,
@@ -20,11 +17,5 @@ async fn main() -> ExitCode {
         Command::Prune(args) => tocsin_admin::cli::prune(args).await,
         Command::Parked(args) => tocsin_admin::cli::parked(args).await,
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("tocsin-admin: {error:#}");
-            ExitCode::FAILURE
-        }
-    }
+    tocsin_web::config::exit_code("tocsin-admin", result)
 }

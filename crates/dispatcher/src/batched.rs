@@ -12,8 +12,6 @@ use tocsin_storage::fan_out::{self, FanOut, FanOutRules, FannedOut};
 use tocsin_storage::{batcher, submit, DbBatcher, DbError, DbPool};
 use uuid::Uuid;
 
-use crate::context::LEASE_MARGIN;
-
 /// Largest batch of one operation written by one statement.
 const MAX_BATCH: usize = 64;
 /// Statements of each kind in flight at once (each holds a pooled connection meanwhile).
@@ -34,7 +32,18 @@ pub(crate) struct Batched {
 impl Batched {
     pub fn start(pool: &DbPool, claim_rules: ClaimRules, schedule_attempts: u8) -> Batched {
         Batched {
-            fan_outs: batcher(pool, MAX_BATCH, BATCH_WORKERS, fan_out_batch),
+            fan_outs: batcher(
+                pool,
+                MAX_BATCH,
+                BATCH_WORKERS,
+                move |conn: &mut AsyncPgConnection, items: &[FanOutRequest]| -> BoxFuture<'_, _> {
+                    let rules = FanOutRules {
+                        claim: true,
+                        lease_margin: claim_rules.lease_margin,
+                    };
+                    Box::pin(fan_out_batch(conn, items, rules))
+                },
+            ),
             claims: batcher(
                 pool,
                 MAX_BATCH,
@@ -98,18 +107,13 @@ impl Batched {
 }
 
 /// Fans out a batch of events with one statement, each first attempt claimed.
-fn fan_out_batch<'a>(
-    conn: &'a mut AsyncPgConnection,
-    items: &'a [FanOutRequest],
-) -> BoxFuture<'a, Result<Vec<FannedOut>, DbError>> {
-    Box::pin(async move {
-        let events: Vec<FanOut> = items.iter().map(|(event, _)| event.clone()).collect();
-        // The latest view of the webhooks' room among the batch's callers.
-        let room = items.last().map(|(_, room)| room.clone());
-        let rules = FanOutRules {
-            claim: true,
-            lease_margin: LEASE_MARGIN,
-        };
-        fan_out::fan_out(conn, &events, room.as_deref().unwrap_or_default(), rules).await
-    })
+async fn fan_out_batch(
+    conn: &mut AsyncPgConnection,
+    items: &[FanOutRequest],
+    rules: FanOutRules,
+) -> Result<Vec<FannedOut>, DbError> {
+    let events: Vec<FanOut> = items.iter().map(|(event, _)| event.clone()).collect();
+    // The latest view of the webhooks' room among the batch's callers.
+    let room = items.last().map(|(_, room)| room.clone());
+    fan_out::fan_out(conn, &events, room.as_deref().unwrap_or_default(), rules).await
 }

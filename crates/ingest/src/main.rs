@@ -1,23 +1,19 @@
 use std::process::ExitCode;
 
 use tocsin_ingest::Config;
+use tocsin_web::config::run_service;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let config: Config = tocsin_web::config::parse_or_exit("tocsin-ingest");
-    tocsin_web::config::init_tracing(config.common.log_format);
-    let app = match tocsin_ingest::build(config).await {
-        Ok(app) => app,
-        Err(error) => {
-            eprintln!("tocsin-ingest: {error:#}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match app.run_until_stopped().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("tocsin-ingest: {error:#}");
-            ExitCode::FAILURE
-        }
-    }
+    run_service(
+        "tocsin-ingest",
+        |config: &Config| config.common.log_format,
+        |config| async {
+            tocsin_ingest::build(config)
+                .await?
+                .run_until_stopped()
+                .await
+        },
+    )
+    .await
 }

@@ -187,6 +187,36 @@ fn parse_client_timeout(text: &str) -> Result<Duration, String> {
     Ok(timeout)
 }
 
+/// A service's `main`: parses its settings (see [`parse_or_exit`]), starts logging in the
+/// format they ask for, then runs `serve` with them. An error is printed after the binary's
+/// name, with its causes, and exits with status 1.
+pub async fn run_service<C, F, Fut>(
+    binary: &str,
+    log_format: fn(&C) -> LogFormat,
+    serve: F,
+) -> std::process::ExitCode
+where
+    C: clap::Parser,
+    F: FnOnce(C) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let config: C = parse_or_exit(binary);
+    init_tracing(log_format(&config));
+    exit_code(binary, serve(config).await)
+}
+
+/// The exit status of a binary whose work ended with `result`: 0, or 1 after printing the error
+/// and its causes after the binary's name.
+pub fn exit_code(binary: &str, result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{binary}: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Parses a binary's settings from flags and the environment. A missing or invalid setting
 /// stops the process with one line naming it (exit status 2); `--help` and `--version` print
 /// as usual.
