@@ -104,7 +104,7 @@ ensure_nextest() {
   fi
 }
 
-# The browser test (crates/e2e/tests/browser.rs) drives Debian's Chromium with Playwright's
+# The browser test (crates/e2e/tests/e2e/browser.rs) drives Debian's Chromium with Playwright's
 # library (npm playwright-core, pinned by crates/e2e/tests/browser/package-lock.json). No
 # browser is downloaded: Playwright launches /usr/bin/chromium.
 ensure_browser_tools() {

@@ -1,7 +1,7 @@
 //! RabbitMQ against the real broker: the topology as the broker reports it, retry queues that
 //! dead-letter back, unroutable publishes, a consumer that survives losing its connection, a
 //! list of brokers, and the parking queue. (The outbox relay, which publishes through a broker
-//! handle, is tested with the storage: `crates/storage/tests/relay.rs`.)
+//! handle, is tested with the storage: `crates/storage/tests/storage/relay.rs`.)
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -1,4 +1,4 @@
-//! What the HTTP fuzz tests share (crates/ingest/tests/fuzz.rs, crates/admin/tests/fuzz.rs): how
+//! What the HTTP fuzz tests share (crates/ingest/tests/ingest/fuzz.rs, crates/admin/tests/admin/fuzz.rs): how
 //! many cases to run and for how long, a JSON-value strategy over the field names and words an
 //! endpoint reads, arbitrary request bodies, and fixed hostile bodies.
 //!

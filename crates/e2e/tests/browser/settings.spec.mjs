@@ -1,5 +1,5 @@
 // Tocsin's settings pages in Debian's headless Chromium, driven by Playwright against a running
-// system. crates/e2e/tests/browser.rs starts the system and runs this file with:
+// system. crates/e2e/tests/e2e/browser.rs starts the system and runs this file with:
 //   ADMIN_URL, ADMIN_TOKEN       the admin service and its token
 //   INGEST_URL, INBOUND_TOKEN    the ingest service and an inbound token
 //   RECEIVER_OK_URL              a target that answers 200
@@ -15,7 +15,7 @@ import { chromium } from "playwright-core";
 
 const env = (name) => {
   const value = process.env[name];
-  assert.ok(value, `${name} must be set (crates/e2e/tests/browser.rs sets it)`);
+  assert.ok(value, `${name} must be set (crates/e2e/tests/e2e/browser.rs sets it)`);
   return value;
 };
 

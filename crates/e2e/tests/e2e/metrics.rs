@@ -20,8 +20,8 @@ use tocsin_testkit::{wait_for, wait_until, Behavior, Receiver, FAST_RETRY_DELAYS
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
-const DASHBOARD: &str = include_str!("../../../deploy/grafana/tocsin-dashboard.json");
-const ALERT_RULES: &str = include_str!("../../../deploy/prometheus/alerts.yml");
+const DASHBOARD: &str = include_str!("../../../../deploy/grafana/tocsin-dashboard.json");
+const ALERT_RULES: &str = include_str!("../../../../deploy/prometheus/alerts.yml");
 
 /// Series that Prometheus itself adds to every target, not exported by the services: `up` is 1
 /// when a scrape succeeded (the test checks that every `/metrics` answers).

@@ -1,7 +1,7 @@
 //! The settings pages over HTTP against the real PostgreSQL and RabbitMQ: signing in and out,
 //! the session cookie's attributes, the sign-in rate limit, CSRF and Origin checks, every page
 //! signed in and signed out, form errors beside their fields, HTML escaping, and each action
-//! doing what the API does. (A real browser drives them in `crates/e2e/tests/browser.rs`.)
+//! doing what the API does. (A real browser drives them in `crates/e2e/tests/e2e/browser.rs`.)
 
 use std::time::Duration;
 

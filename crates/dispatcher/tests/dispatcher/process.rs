@@ -1,7 +1,7 @@
 //! The dispatcher binary as a real process: SIGTERM exits 0, SIGKILL in the middle of a batch
 //! loses no delivery.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::Duration;

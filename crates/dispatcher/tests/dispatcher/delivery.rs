@@ -1,6 +1,6 @@
 //! The dispatcher against the real PostgreSQL, RabbitMQ and loopback receivers.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
