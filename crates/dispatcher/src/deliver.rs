@@ -168,6 +168,7 @@ async fn make(ctx: &Context, job: Job, slot: Option<Slot>) -> Outcome {
     }
     drop(slot);
     observe(ctx, &job, &result, started);
+    tracing::debug!(status = result.status_code, success = result.success, "attempt made");
 
     let auto_number = (job.trigger == Trigger::Automatic).then_some(job.delivery.auto_attempts);
     let transition = Transition::after_attempt(
@@ -355,8 +356,7 @@ async fn exchange(
     job: &Job,
     sent: &[(&str, String)],
 ) -> Result<Answer, (AttemptError, String)> {
-    let url = reqwest::Url::parse(&job.webhook.url)
-        .map_err(|e| (AttemptError::Other, format!("bad URL: {e}")))?;
+    let url = job.webhook.url.url();
     // IP-literal URLs never reach the resolver: check them here.
     if let Some(host) = url.host() {
         let literal: Option<IpAddr> = match host {
@@ -370,7 +370,7 @@ async fn exchange(
                 .map_err(|blocked| (AttemptError::Blocked, blocked.to_string()))?;
         }
     }
-    let mut request = ctx.client.post(url).body(job.body.clone());
+    let mut request = ctx.client.post(url.clone()).body(job.body.clone());
     for (name, value) in sent {
         request = request.header(*name, value);
     }

@@ -364,6 +364,52 @@ pub async fn ping(pool: &DbPool, timeout: Duration) -> Result<(), DbError> {
 mod tests {
     use super::*;
 
+    /// The statements spell delivery states, triggers and wait reasons as SQL literals: each
+    /// must be a value of the domain's enums, spelled as they spell it (a typo would make a
+    /// guard that never matches).
+    #[test]
+    fn the_sql_names_only_values_of_the_domain() {
+        use crate::outbox::Topic;
+        use tocsin_domain::delivery::{DeliveryState, Trigger, WaitReason};
+        let statements = [
+            ("claim.sql", include_str!("sql/claim.sql")),
+            ("claim_overdue.sql", include_str!("sql/claim_overdue.sql")),
+            ("complete.sql", include_str!("sql/complete.sql")),
+            ("fan_out.sql", include_str!("sql/fan_out.sql")),
+            ("interrupted.sql", include_str!("sql/interrupted.sql")),
+            ("stop.sql", include_str!("sql/stop.sql")),
+            ("take_waiting.sql", include_str!("sql/take_waiting.sql")),
+            ("deliveries.rs", include_str!("deliveries.rs")),
+            ("retention.rs", include_str!("retention.rs")),
+        ];
+        let mut states = 0;
+        for (file, source) in statements {
+            // The SQL: a whole .sql file, or the string literals of a Rust file.
+            let sql: String = if file.ends_with(".rs") {
+                source.split('"').skip(1).step_by(2).collect::<Vec<_>>().join(" ")
+            } else {
+                source.to_owned()
+            };
+            // Every single-quoted word: 'pending', 'automatic', ...
+            for literal in sql.split('\'').skip(1).step_by(2) {
+                if literal.is_empty() || !literal.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                {
+                    continue;
+                }
+                let state = literal.parse::<DeliveryState>().is_ok();
+                states += usize::from(state);
+                let known = state
+                    || Trigger::parse(literal).is_some()
+                    || WaitReason::parse(literal).is_some()
+                    || [Topic::Event, Topic::Delivery].iter().any(|t| t.as_str() == literal)
+                    // encode(..., 'hex'), and the event id's key in an outbox payload
+                    || ["hex", "event_id"].contains(&literal);
+                assert!(known, "{file}: '{literal}' is no delivery state, trigger or wait reason");
+            }
+        }
+        assert!(states > 20, "the statements' states were read ({states})");
+    }
+
     #[test]
     fn cursors_round_trip_and_refuse_garbage() {
         let cursor = Cursor {

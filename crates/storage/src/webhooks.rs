@@ -41,8 +41,8 @@ pub(crate) struct WebhookRow {
 #[derive(Debug, Clone, Serialize)]
 pub struct Webhook {
     pub id: Uuid,
-    pub name: String,
-    pub url: String,
+    pub name: WebhookName,
+    pub url: TargetUrl,
     pub events: BTreeSet<EventKind>,
     pub retry: RetrySettings,
     pub enabled: bool,
@@ -98,8 +98,8 @@ impl TryFrom<WebhookRow> for Webhook {
         };
         Ok(Webhook {
             id: row.id,
-            name: row.name,
-            url: row.url,
+            name: WebhookName::parse(&row.name).map_err(|_| corrupt("name"))?,
+            url: TargetUrl::parse(&row.url).map_err(|_| corrupt("url"))?,
             events,
             retry,
             enabled: row.enabled,

@@ -69,7 +69,7 @@ pub async fn delivery_log(
         webhooks::get_many_any(&mut conn, &ids)
             .await?
             .into_iter()
-            .map(|w| (w.id, w.name))
+            .map(|w| (w.id, w.name.as_str().to_owned()))
             .collect()
     } else {
         HashMap::new()
@@ -165,7 +165,7 @@ pub async fn list(
         let webhook = webhooks::get_any(&mut conn, id)
             .await
             .or_not_found("webhook")?;
-        webhook_filter = Some((webhook.name, webhook_href(id)));
+        webhook_filter = Some((webhook.name.as_str().to_owned(), webhook_href(id)));
         hidden.push(("webhook_id", id.to_string()));
     }
     let log = delivery_log(&state, "/settings/deliveries", &query, filter, hidden, true).await?;
@@ -259,7 +259,7 @@ pub async fn detail(
         wait_reason: delivery.wait_reason.map(|reason| reason.describe()),
         created: When::of(delivery.created_at),
         updated: When::of(delivery.updated_at),
-        webhook_name: webhook.name.clone(),
+        webhook_name: webhook.name.as_str().to_owned(),
         webhook_href: webhook_href(webhook.id),
     };
     render(

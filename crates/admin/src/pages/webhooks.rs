@@ -59,8 +59,8 @@ pub async fn list(
         .iter()
         .map(|webhook| WebhookRow {
             href: webhook_href(webhook.id),
-            name: webhook.name.clone(),
-            url: webhook.url.clone(),
+            name: webhook.name.as_str().to_owned(),
+            url: webhook.url.as_str().to_owned(),
             events: webhook.events.iter().map(|e| e.as_str()).collect(),
             enabled: webhook.enabled,
             last: latest.get(&webhook.id).map(|d| LastDelivery {
@@ -263,7 +263,7 @@ fn secret_page(
         layout: session.layout("webhooks"),
         heading,
         intro,
-        webhook_name: webhook.name.clone(),
+        webhook_name: webhook.name.as_str().to_owned(),
         webhook_href: webhook_href(webhook.id),
         secret: webhook.secret.expose().to_owned(),
         previous_expires: webhook
@@ -306,8 +306,8 @@ pub async fn detail(
     let view = WebhookView {
         id: webhook.id.to_string(),
         href: webhook_href(webhook.id),
-        name: webhook.name.clone(),
-        url: webhook.url.clone(),
+        name: webhook.name.as_str().to_owned(),
+        url: webhook.url.as_str().to_owned(),
         events: webhook.events.iter().map(|e| e.as_str()).collect(),
         enabled: webhook.enabled,
         deleted: webhook.is_deleted(),
@@ -349,8 +349,8 @@ pub async fn edit_form(
     let mut conn = state.conn().await?;
     let webhook = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
     let values = WebhookFormValues {
-        name: webhook.name.clone(),
-        url: webhook.url.clone(),
+        name: webhook.name.as_str().to_owned(),
+        url: webhook.url.as_str().to_owned(),
         events: webhook
             .events
             .iter()
@@ -361,7 +361,7 @@ pub async fn edit_form(
     };
     let kind = FormKind::Edit {
         id: webhook.id,
-        name: webhook.name,
+        name: webhook.name.as_str().to_owned(),
     };
     render(
         StatusCode::OK,
@@ -545,7 +545,7 @@ pub async fn delete(
             StatusCode::OK,
             &ConfirmDeletePage {
                 layout: session.layout("webhooks"),
-                name: webhook.name,
+                name: webhook.name.as_str().to_owned(),
                 action: format!("/settings/webhooks/{}/delete", webhook.id),
                 cancel_href: webhook_href(webhook.id),
             },

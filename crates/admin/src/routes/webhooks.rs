@@ -49,8 +49,8 @@ impl From<&repo::Webhook> for Webhook {
         let now = OffsetDateTime::now_utc();
         Webhook {
             id: webhook.id,
-            name: webhook.name.clone(),
-            url: webhook.url.clone(),
+            name: webhook.name.as_str().to_owned(),
+            url: webhook.url.as_str().to_owned(),
             events: webhook.events.clone(),
             retry: Retry {
                 max_attempts: webhook.retry.max_attempts(),

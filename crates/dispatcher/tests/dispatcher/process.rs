@@ -12,9 +12,17 @@ use tocsin_storage::deliveries::DeliveryState;
 use tocsin_testkit::{free_port, wait_until, Behavior, Receiver, ServiceProcess};
 
 fn spawn_dispatcher(harness: &Harness, port: u16) -> ServiceProcess {
-    ServiceProcess::spawn(
-        env!("CARGO_BIN_EXE_tocsin-dispatcher"),
-        &[
+    spawn_dispatcher_with(harness, port, &[], None)
+}
+
+/// Like [`spawn_dispatcher`], with `extra` settings (later ones win) and the output in `log`.
+fn spawn_dispatcher_with(
+    harness: &Harness,
+    port: u16,
+    extra: &[(&'static str, String)],
+    log: Option<&std::path::Path>,
+) -> ServiceProcess {
+    let mut env = vec![
             ("DATABASE_URL", harness.db.url.clone()),
             ("AMQP_URL", tocsin_testkit::amqp_url()),
             ("TOCSIN_AMQP_PREFIX", harness.prefix.prefix.clone()),
@@ -25,8 +33,9 @@ fn spawn_dispatcher(harness: &Harness, port: u16) -> ServiceProcess {
             ("TOCSIN_SWEEP_GRACE", "3s".into()),
             ("TOCSIN_SHUTDOWN_TIMEOUT", "5s".into()),
             ("RUST_LOG", "warn".into()),
-        ],
-    )
+        ];
+    env.extend_from_slice(extra);
+    ServiceProcess::spawn_logged(env!("CARGO_BIN_EXE_tocsin-dispatcher"), &env, log)
 }
 
 async fn healthy(port: u16) -> bool {
@@ -144,5 +153,58 @@ async fn losing_the_broker_connection_in_the_middle_of_a_batch_loses_nothing() {
         .map(|r| r.header("webhook-id").unwrap().to_owned())
         .collect();
     assert_eq!(ids.len(), EVENTS);
+    harness.stop().await;
+}
+
+/// Each delivery stage runs in a span: with JSON logs, an attempt's log line carries the span
+/// of the stage that made it and its fields (the first attempt from the fan-out, the retry
+/// from the delivery queue), ready for a tracing exporter.
+#[tokio::test]
+async fn attempts_are_logged_inside_their_stage_spans() {
+    let harness = Harness::without_dispatcher("0s,200ms").await;
+    let receiver = Receiver::start().await;
+    receiver.script([Behavior::Status(500)]);
+    let webhook = harness
+        .webhook(&receiver.url("/spans"), &[EventKind::IncidentOpened], 2, 5_000)
+        .await;
+    let log = std::env::temp_dir().join(format!("tocsin-spans-{}.log", harness.prefix.prefix));
+    let port = free_port();
+    let mut process = spawn_dispatcher_with(
+        &harness,
+        port,
+        &[
+            ("TOCSIN_LOG_FORMAT", "json".into()),
+            ("RUST_LOG", "tocsin_dispatcher=debug".into()),
+        ],
+        Some(&log),
+    );
+    harness.open("spans").await;
+    let delivery = harness
+        .wait_state(webhook.id, 1, DeliveryState::Succeeded)
+        .await
+        .remove(0);
+    process.terminate();
+    process.wait_exit(Duration::from_secs(15)).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    let attempts: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| line["message"] == "attempt made")
+        .collect();
+    assert_eq!(attempts.len(), 2, "two attempts logged: {text}");
+    let id = delivery.id.to_string();
+    let span = |line: &serde_json::Value| {
+        (
+            line["span"]["name"].as_str().unwrap_or_default().to_owned(),
+            line["span"]["delivery_id"].as_str().unwrap_or_default().to_owned(),
+            line["span"]["attempt"].as_i64(),
+        )
+    };
+    assert_eq!(span(&attempts[0]), ("make_claimed".into(), id.clone(), Some(1)));
+    assert_eq!(attempts[0]["success"], false);
+    assert_eq!(span(&attempts[1]), ("attempt".into(), id, Some(2)));
+    assert_eq!(attempts[1]["span"]["trigger"], "automatic");
+    assert_eq!(attempts[1]["success"], true);
     harness.stop().await;
 }
