@@ -168,7 +168,11 @@ async fn make(ctx: &Context, job: Job, slot: Option<Slot>) -> Outcome {
     }
     drop(slot);
     observe(ctx, &job, &result, started);
-    tracing::debug!(status = result.status_code, success = result.success, "attempt made");
+    tracing::debug!(
+        status = result.status_code,
+        success = result.success,
+        "attempt made"
+    );
 
     let auto_number = (job.trigger == Trigger::Automatic).then_some(job.delivery.auto_attempts);
     let transition = Transition::after_attempt(

@@ -386,13 +386,19 @@ mod tests {
         for (file, source) in statements {
             // The SQL: a whole .sql file, or the string literals of a Rust file.
             let sql: String = if file.ends_with(".rs") {
-                source.split('"').skip(1).step_by(2).collect::<Vec<_>>().join(" ")
+                source
+                    .split('"')
+                    .skip(1)
+                    .step_by(2)
+                    .collect::<Vec<_>>()
+                    .join(" ")
             } else {
                 source.to_owned()
             };
             // Every single-quoted word: 'pending', 'automatic', ...
             for literal in sql.split('\'').skip(1).step_by(2) {
-                if literal.is_empty() || !literal.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                if literal.is_empty()
+                    || !literal.chars().all(|c| c.is_ascii_lowercase() || c == '_')
                 {
                     continue;
                 }
@@ -404,7 +410,10 @@ mod tests {
                     || [Topic::Event, Topic::Delivery].iter().any(|t| t.as_str() == literal)
                     // encode(..., 'hex'), and the event id's key in an outbox payload
                     || ["hex", "event_id"].contains(&literal);
-                assert!(known, "{file}: '{literal}' is no delivery state, trigger or wait reason");
+                assert!(
+                    known,
+                    "{file}: '{literal}' is no delivery state, trigger or wait reason"
+                );
             }
         }
         assert!(states > 20, "the statements' states were read ({states})");

@@ -396,7 +396,7 @@ pub async fn update(
             let errors = form_errors(refused, other.err());
             let kind = FormKind::Edit {
                 id: current.id,
-                name: current.name,
+                name: current.name.as_str().to_owned(),
             };
             return render(
                 StatusCode::UNPROCESSABLE_ENTITY,

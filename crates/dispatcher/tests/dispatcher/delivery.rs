@@ -331,7 +331,7 @@ async fn timeouts_refusals_and_redirects_are_failed_attempts_of_their_kind() {
             attempt.error.as_deref(),
             Some(kind),
             "{}: {:?}",
-            webhook.url,
+            webhook.url.as_str(),
             attempt.error_detail
         );
         if kind == "redirect" {

@@ -23,17 +23,17 @@ fn spawn_dispatcher_with(
     log: Option<&std::path::Path>,
 ) -> ServiceProcess {
     let mut env = vec![
-            ("DATABASE_URL", harness.db.url.clone()),
-            ("AMQP_URL", tocsin_testkit::amqp_url()),
-            ("TOCSIN_AMQP_PREFIX", harness.prefix.prefix.clone()),
-            ("TOCSIN_RETRY_DELAYS", "0s,200ms".into()),
-            ("TOCSIN_DISPATCHER_ADDR", format!("127.0.0.1:{port}")),
-            ("TOCSIN_ALLOWED_TARGETS", "127.0.0.0/8".into()),
-            ("TOCSIN_SWEEP_INTERVAL", "500ms".into()),
-            ("TOCSIN_SWEEP_GRACE", "3s".into()),
-            ("TOCSIN_SHUTDOWN_TIMEOUT", "5s".into()),
-            ("RUST_LOG", "warn".into()),
-        ];
+        ("DATABASE_URL", harness.db.url.clone()),
+        ("AMQP_URL", tocsin_testkit::amqp_url()),
+        ("TOCSIN_AMQP_PREFIX", harness.prefix.prefix.clone()),
+        ("TOCSIN_RETRY_DELAYS", "0s,200ms".into()),
+        ("TOCSIN_DISPATCHER_ADDR", format!("127.0.0.1:{port}")),
+        ("TOCSIN_ALLOWED_TARGETS", "127.0.0.0/8".into()),
+        ("TOCSIN_SWEEP_INTERVAL", "500ms".into()),
+        ("TOCSIN_SWEEP_GRACE", "3s".into()),
+        ("TOCSIN_SHUTDOWN_TIMEOUT", "5s".into()),
+        ("RUST_LOG", "warn".into()),
+    ];
     env.extend_from_slice(extra);
     ServiceProcess::spawn_logged(env!("CARGO_BIN_EXE_tocsin-dispatcher"), &env, log)
 }
@@ -165,7 +165,12 @@ async fn attempts_are_logged_inside_their_stage_spans() {
     let receiver = Receiver::start().await;
     receiver.script([Behavior::Status(500)]);
     let webhook = harness
-        .webhook(&receiver.url("/spans"), &[EventKind::IncidentOpened], 2, 5_000)
+        .webhook(
+            &receiver.url("/spans"),
+            &[EventKind::IncidentOpened],
+            2,
+            5_000,
+        )
         .await;
     let log = std::env::temp_dir().join(format!("tocsin-spans-{}.log", harness.prefix.prefix));
     let port = free_port();
@@ -197,11 +202,17 @@ async fn attempts_are_logged_inside_their_stage_spans() {
     let span = |line: &serde_json::Value| {
         (
             line["span"]["name"].as_str().unwrap_or_default().to_owned(),
-            line["span"]["delivery_id"].as_str().unwrap_or_default().to_owned(),
+            line["span"]["delivery_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
             line["span"]["attempt"].as_i64(),
         )
     };
-    assert_eq!(span(&attempts[0]), ("make_claimed".into(), id.clone(), Some(1)));
+    assert_eq!(
+        span(&attempts[0]),
+        ("make_claimed".into(), id.clone(), Some(1))
+    );
     assert_eq!(attempts[0]["success"], false);
     assert_eq!(span(&attempts[1]), ("attempt".into(), id, Some(2)));
     assert_eq!(attempts[1]["span"]["trigger"], "automatic");
