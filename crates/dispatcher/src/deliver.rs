@@ -53,7 +53,7 @@ pub(crate) async fn handle_delivery(ctx: Arc<Context>, message: Delivery) {
 }
 
 /// The delivery a message asks automatic attempt `requested` of.
-#[tracing::instrument(skip_all, fields(delivery_id = %message.delivery_id, attempt = requested))]
+#[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %message.delivery_id, attempt = requested))]
 async fn due(ctx: &Context, message: &DeliveryMessage, requested: i32) -> Result<Due, Outcome> {
     let webhook_id = match message.webhook_id {
         Some(webhook_id) => webhook_id,
@@ -109,7 +109,7 @@ fn tell(claimed: Claimed) {
     }
 }
 
-#[tracing::instrument(skip_all, fields(delivery_id = %due.delivery_id, webhook_id = %due.webhook_id))]
+#[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %due.delivery_id, webhook_id = %due.webhook_id))]
 async fn wait(ctx: &Context, due: Due) -> Outcome {
     match retry_db!(ctx, ctx.batched.wait(due).await) {
         Ok(true) => {
@@ -125,7 +125,7 @@ async fn wait(ctx: &Context, due: Due) -> Outcome {
 
 /// Claims, makes and records one attempt. A manual attempt takes no slot of its webhook: an
 /// operator asked for it now.
-#[tracing::instrument(skip_all, fields(delivery_id = %claim.delivery_id, trigger = claim.trigger.as_str(), attempt))]
+#[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %claim.delivery_id, trigger = claim.trigger.as_str(), attempt))]
 async fn attempt(ctx: &Context, claim: Claim, slot: Option<Slot>, claimed: Claimed) -> Outcome {
     let Ok(_request) = ctx.requests.acquire().await else {
         return Outcome::Requeue;
@@ -146,7 +146,7 @@ async fn attempt(ctx: &Context, claim: Claim, slot: Option<Slot>, claimed: Claim
 /// Makes a first attempt claimed with its delivery by the fan-out: takes a slot of its webhook
 /// in turn (the fan-out claimed no more than the room of a webhook that is not answering, and
 /// the lease covers the wait) and a request slot, tells `started`, and makes it.
-#[tracing::instrument(skip_all, fields(delivery_id = %job.delivery.id, attempt = job.number))]
+#[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %job.delivery.id, attempt = job.number))]
 pub(crate) async fn make_claimed(ctx: &Context, job: Job, started: Claimed) -> Outcome {
     let slot = ctx.slots.take_in_turn(job.webhook.id).await;
     let Ok(_request) = ctx.requests.acquire().await else {
@@ -224,7 +224,7 @@ async fn make(ctx: &Context, job: Job, slot: Option<Slot>) -> Outcome {
 /// A claim its guard refused: a duplicate or late message, or a delivery that can get no more
 /// automatic attempt, which is failed now (its webhook disabled or deleted, its schedule used
 /// up).
-#[tracing::instrument(skip_all)]
+#[tracing::instrument(level = "debug", skip_all)]
 async fn refused(ctx: &Context, claim: Claim) -> Outcome {
     if claim.trigger == Trigger::Manual {
         tracing::info!(
@@ -268,7 +268,7 @@ fn observe(ctx: &Context, job: &Job, result: &AttemptResult, started: OffsetDate
 }
 
 /// Makes the HTTP request and describes it as the attempt's result.
-#[tracing::instrument(skip_all, fields(webhook_id = %job.webhook.id))]
+#[tracing::instrument(level = "debug", skip_all, fields(webhook_id = %job.webhook.id))]
 async fn send(ctx: &Context, job: &Job, started_at: OffsetDateTime) -> AttemptResult {
     let started = Instant::now();
     let id = job.delivery.id.to_string();

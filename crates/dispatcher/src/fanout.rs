@@ -25,7 +25,7 @@ pub(crate) async fn handle_event(ctx: Arc<Context>, message: Delivery) {
     ctx.finish(message, outcome, "fanout").await;
 }
 
-#[tracing::instrument(skip_all, fields(event_id = %event.event_id, event = %event.event))]
+#[tracing::instrument(level = "debug", skip_all, fields(event_id = %event.event_id, event = %event.event))]
 async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) -> Outcome {
     let request = FanOut {
         event_id: event.event_id,

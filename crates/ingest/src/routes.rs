@@ -141,7 +141,7 @@ impl From<SignalOutcome> for Touched {
 }
 
 /// Receives one alert notification.
-#[tracing::instrument(skip_all)]
+#[tracing::instrument(level = "debug", skip_all)]
 pub async fn receive_alerts(
     req: HttpRequest,
     payload: web::Payload,
@@ -206,7 +206,7 @@ async fn handle(
 }
 
 /// The id of the request's live token. Every refusal looks the same to the client.
-#[tracing::instrument(skip_all)]
+#[tracing::instrument(level = "debug", skip_all)]
 async fn authenticate(req: &HttpRequest, state: &IngestState) -> Result<Uuid, IngestError> {
     let presented = bearer_token(req)
         .and_then(AccessToken::from_presented)
