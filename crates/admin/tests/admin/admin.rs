@@ -26,11 +26,47 @@ use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestDb, TestPrefi
 use tocsin_web::config::CommonConfig;
 use uuid::Uuid;
 
-use crate::common::{TestAdmin, ADMIN_TOKEN};
-
 const DEADLINE: Duration = Duration::from_secs(15);
+const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+struct TestAdmin {
+    db: TestDb,
+    prefix: TestPrefix,
+    base: String,
+    client: reqwest::Client,
+    stop: tokio_util::sync::CancellationToken,
+    running: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
 
 impl TestAdmin {
+    async fn start() -> Self {
+        Self::start_with(TestDb::new().await, |_| {}).await
+    }
+
+    async fn start_with(db: TestDb, adjust: impl FnOnce(&mut Config)) -> Self {
+        let prefix = TestPrefix::new();
+        let mut common = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix);
+        common.shutdown_timeout = Duration::from_secs(3);
+        let mut config = Config::for_tests(common, ADMIN_TOKEN);
+        adjust(&mut config);
+        let app = tocsin_admin::build(config).await.expect("building admin");
+        let base = format!("http://127.0.0.1:{}", app.port());
+        let stop = app.stop_token();
+        let running = tokio::spawn(app.run_until_stopped());
+        TestAdmin {
+            db,
+            prefix,
+            base,
+            client: reqwest::Client::new(),
+            stop,
+            running,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
     async fn send(&self, method: Method, path: &str, body: Option<&Value>) -> (StatusCode, Value) {
         let mut request = self
             .client
@@ -95,6 +131,10 @@ impl TestAdmin {
         body
     }
 
+    async fn conn(&self) -> AsyncPgConnection {
+        AsyncPgConnection::establish(&self.db.url).await.unwrap()
+    }
+
     async fn count(&self, table_and_condition: &str) -> i64 {
         self.db.count(table_and_condition).await
     }
@@ -120,6 +160,12 @@ impl TestAdmin {
         .into_iter()
         .map(|r| (r.headers, serde_json::from_slice(&r.payload).unwrap()))
         .collect()
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.running.await.unwrap().unwrap();
+        drop(self.prefix);
     }
 }
 

@@ -16,7 +16,7 @@ use tocsin_testkit::fuzz::{self, Budget};
 use tocsin_testkit::{amqp_url, TestDb, TestPrefix};
 use tocsin_web::config::CommonConfig;
 
-use crate::common::{TestAdmin, ADMIN_TOKEN as TOKEN};
+const TOKEN: &str = "fuzz-admin-token-0123456789";
 const NIL: &str = "00000000-0000-0000-0000-000000000000";
 
 /// The fields of every admin request body.
@@ -62,7 +62,42 @@ const FORM_FIELDS: &[&str] = &[
     "csrf",
 ];
 
+struct TestAdmin {
+    _db: TestDb,
+    _prefix: TestPrefix,
+    base: String,
+    client: reqwest::Client,
+    stop: tokio_util::sync::CancellationToken,
+    running: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
 impl TestAdmin {
+    /// Admin with wrong-token attempts limited only after `auth_failures` a minute.
+    async fn start(auth_failures: u16) -> TestAdmin {
+        let db = TestDb::new().await;
+        let prefix = TestPrefix::new();
+        let mut common = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix);
+        common.shutdown_timeout = Duration::from_secs(3);
+        let mut config = Config::for_tests(common, TOKEN);
+        config.auth_failures = auth_failures;
+        let app = tocsin_admin::build(config).await.unwrap();
+        let base = format!("http://127.0.0.1:{}", app.port());
+        let stop = app.stop_token();
+        let running = tokio::spawn(app.run_until_stopped());
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        TestAdmin {
+            _db: db,
+            _prefix: prefix,
+            base,
+            client,
+            stop,
+            running,
+        }
+    }
+
     /// An API call with a raw JSON body; returns the status and the JSON answer.
     async fn call(&self, method: Method, path: &str, body: Vec<u8>) -> (u16, Value) {
         let response = self
@@ -118,18 +153,15 @@ impl TestAdmin {
             assert!(!name.chars().any(char::is_control), "{name:?}");
         }
     }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.running.await.unwrap().unwrap();
+    }
 }
 
 /// An API answer: never a 5xx, the common error shape for a refusal, no control characters in
 /// a name answered.
-/// Admin with at most `auth_failures` wrong admin tokens a minute from one address.
-async fn start_admin(auth_failures: u16) -> TestAdmin {
-    TestAdmin::start_with(tocsin_testkit::TestDb::new().await, |config| {
-        config.auth_failures = auth_failures
-    })
-    .await
-}
-
 fn check_answer(status: u16, answer: &Value, what: &dyn std::fmt::Display) {
     fuzz::check_refusal(status, answer, what);
     if let Some(name) = answer["name"].as_str() {
@@ -161,7 +193,7 @@ fn api_targets(webhook: &str) -> Vec<(Method, String)> {
 
 #[tokio::test]
 async fn arbitrary_bodies_never_get_a_server_error() {
-    let admin = start_admin(5).await;
+    let admin = TestAdmin::start(5).await;
     let webhook = admin.create_webhook().await;
     let targets = api_targets(&webhook);
     // Valid bodies of every route, bent out of shape, besides arbitrary ones.
@@ -199,7 +231,7 @@ async fn arbitrary_bodies_never_get_a_server_error() {
 
 #[tokio::test]
 async fn hostile_bodies_each_get_their_4xx() {
-    let admin = start_admin(5).await;
+    let admin = TestAdmin::start(5).await;
     let webhook = admin.create_webhook().await;
     let with_body: Vec<(Method, String, &str)> = vec![
         (Method::POST, "/api/v1/webhooks".to_owned(), "name"),
@@ -444,7 +476,7 @@ fn encode(body: FormBody, csrf: &str) -> Vec<u8> {
 async fn arbitrary_form_posts_to_the_settings_pages_never_get_a_server_error() {
     // Wrong sign-in tokens are part of the input: the limit is lifted so that they do not turn
     // every later request into a 429.
-    let admin = start_admin(u16::MAX).await;
+    let admin = TestAdmin::start(u16::MAX).await;
     let webhook = admin.create_webhook().await;
     let browser = sign_in(&admin).await;
     let targets: Vec<String> = vec![

@@ -3,6 +3,5 @@
 //! `cargo nextest run -p tocsin-admin -E 'test(/^admin::/)'`.
 
 mod admin;
-mod common;
 mod fuzz;
 mod pages;

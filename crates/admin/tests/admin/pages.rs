@@ -20,7 +20,16 @@ use tocsin_testkit::{amqp_url, TestDb, TestPrefix};
 use tocsin_web::config::CommonConfig;
 use uuid::Uuid;
 
-use crate::common::{TestAdmin, ADMIN_TOKEN};
+const ADMIN_TOKEN: &str = "pages-admin-token-0123456789";
+
+struct TestAdmin {
+    db: TestDb,
+    prefix: TestPrefix,
+    base: String,
+    client: reqwest::Client,
+    stop: tokio_util::sync::CancellationToken,
+    running: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
 
 /// A signed-in browser, as far as the server can tell: the session cookie and the CSRF token
 /// its forms carry.
@@ -62,6 +71,31 @@ impl Page {
 }
 
 impl TestAdmin {
+    async fn start() -> Self {
+        let db = TestDb::new().await;
+        let prefix = TestPrefix::new();
+        let mut common = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix);
+        common.shutdown_timeout = Duration::from_secs(3);
+        let app = tocsin_admin::build(Config::for_tests(common, ADMIN_TOKEN))
+            .await
+            .expect("building admin");
+        let base = format!("http://127.0.0.1:{}", app.port());
+        let stop = app.stop_token();
+        let running = tokio::spawn(app.run_until_stopped());
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        TestAdmin {
+            db,
+            prefix,
+            base,
+            client,
+            stop,
+            running,
+        }
+    }
+
     async fn send(&self, request: reqwest::RequestBuilder) -> Page {
         let response = request.send().await.expect("calling admin");
         Page {
@@ -149,6 +183,16 @@ impl TestAdmin {
     async fn webhook(&self, id: Uuid) -> (StatusCode, Value) {
         self.api(Method::GET, &format!("/api/v1/webhooks/{id}"), None)
             .await
+    }
+
+    async fn conn(&self) -> AsyncPgConnection {
+        AsyncPgConnection::establish(&self.db.url).await.unwrap()
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.running.await.unwrap().unwrap();
+        drop(self.prefix);
     }
 }
 
