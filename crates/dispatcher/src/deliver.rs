@@ -215,7 +215,11 @@ async fn make(ctx: &Context, job: Job, slot: Option<Slot>) -> Outcome {
         if let Err(error) = ctx.broker.publish(ctx.attempt_message(&next, delay)).await {
             // The delivery is `retrying` with its next attempt time: once that is overdue, the
             // sweeper sends it.
-            tracing::warn!(%error, "could not schedule the retry; the sweeper will send it");
+            tracing::warn!(
+                delivery_id = %job.delivery.id,
+                %error,
+                "could not schedule the retry; the sweeper will send it"
+            );
         }
     }
     Outcome::Done
@@ -223,11 +227,11 @@ async fn make(ctx: &Context, job: Job, slot: Option<Slot>) -> Outcome {
 
 /// A claim its guard refused: a duplicate or late message, or a delivery that can get no more
 /// automatic attempt, which is failed now (its webhook disabled or deleted, its schedule used
-/// up).
-#[tracing::instrument(level = "debug", skip_all)]
+/// up). Its log lines name the delivery themselves: the stage spans are `debug` ones.
 async fn refused(ctx: &Context, claim: Claim) -> Outcome {
     if claim.trigger == Trigger::Manual {
         tracing::info!(
+            delivery_id = %claim.delivery_id,
             "manual attempt refused: the delivery succeeded, or its webhook is disabled or deleted"
         );
         return Outcome::Done;
@@ -235,7 +239,10 @@ async fn refused(ctx: &Context, claim: Claim) -> Outcome {
     match retry_db!(ctx, ctx.batched.stop(claim.delivery_id).await) {
         Ok(stopped) => {
             if stopped {
-                tracing::info!("no further attempt allowed; delivery failed");
+                tracing::info!(
+                    delivery_id = %claim.delivery_id,
+                    "no further attempt allowed; delivery failed"
+                );
                 ctx.metrics
                     .deliveries_finished
                     .with_label_values(&[DeliveryState::Failed.as_str()])

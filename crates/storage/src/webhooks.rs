@@ -98,8 +98,8 @@ impl TryFrom<WebhookRow> for Webhook {
         };
         Ok(Webhook {
             id: row.id,
-            name: WebhookName::parse(&row.name).map_err(|_| corrupt("name"))?,
-            url: TargetUrl::parse(&row.url).map_err(|_| corrupt("url"))?,
+            name: WebhookName::from_stored(row.name),
+            url: TargetUrl::from_stored(&row.url).map_err(|_| corrupt("url"))?,
             events,
             retry,
             enabled: row.enabled,

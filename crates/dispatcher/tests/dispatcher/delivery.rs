@@ -621,7 +621,10 @@ async fn manual_retries_racing_the_schedule_add_no_automatic_attempt_and_none_un
     .await;
     let mut conn = harness.conn().await;
     let mut pressed = 0;
+    // An operator pressing Retry every 50 ms until the schedule has ended.
+    let mut press = tokio::time::interval(Duration::from_millis(50));
     loop {
+        press.tick().await;
         let now = harness.detail(delivery.id).await;
         if now.delivery.state == DeliveryState::Failed {
             break;
@@ -631,7 +634,6 @@ async fn manual_retries_racing_the_schedule_add_no_automatic_attempt_and_none_un
             .unwrap();
         pressed += 1;
         assert!(pressed < 200, "the schedule should have ended by now");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     harness.wait_drained().await;
     wait_until("every attempt recorded", DEADLINE, || async {

@@ -473,14 +473,15 @@ async fn run(seed: u64) -> Vec<String> {
         let seen = seen_succeeded.clone();
         tokio::spawn(async move {
             let mut conn = AsyncPgConnection::establish(&url).await.unwrap();
+            let mut sample = tokio::time::interval(Duration::from_millis(150));
             loop {
+                sample.tick().await;
                 let rows: Vec<IdRow> =
                     diesel::sql_query("SELECT id FROM deliveries WHERE state = 'succeeded'")
                         .load(&mut conn)
                         .await
                         .unwrap_or_default();
                 seen.lock().unwrap().extend(rows.into_iter().map(|r| r.id));
-                tokio::time::sleep(Duration::from_millis(150)).await;
             }
         })
     };
@@ -524,9 +525,12 @@ async fn run(seed: u64) -> Vec<String> {
                 if let Some(id) = system.pick_delivery(pick, 20).await {
                     let presses: Vec<_> = (0..14).map(|_| system.retry(id.clone())).collect();
                     retries.spawn(async move {
+                        // One press every 150 ms at most, each after the previous answered.
+                        let mut pace = tokio::time::interval(Duration::from_millis(150));
+                        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                         for press in presses {
+                            pace.tick().await;
                             press.await;
-                            tokio::time::sleep(Duration::from_millis(150)).await;
                         }
                     });
                 }

@@ -16,6 +16,9 @@ use crate::system::System;
 pub const RECOVERY_DEADLINE: Duration = Duration::from_secs(120);
 /// One alert every this long, while the stream runs.
 const ALERT_EVERY: Duration = Duration::from_millis(50);
+/// How long the sender waits before sending a refused alert again (Alertmanager backs off
+/// before it retries too). This is the sender's behaviour, not a wait for the system.
+const SENDER_BACKOFF: Duration = Duration::from_millis(100);
 
 pub struct Stream {
     stop: CancellationToken,
@@ -145,7 +148,7 @@ async fn send_alerts(
                 Ok(status) if status < 500 => panic!("alert {i}: unexpected {status}"),
                 _ => {
                     refused.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::time::sleep(SENDER_BACKOFF).await;
                 }
             }
         }
