@@ -97,25 +97,26 @@ pub async fn retry_delivery(state: &AdminState, id: Uuid) -> Result<Delivery, Ad
     Ok(delivery)
 }
 
-/// Enqueues a manual attempt of every failed delivery of a webhook created since `since`;
-/// returns how many.
+/// Sends what a webhook missed since `since`: a manual attempt of every failed delivery
+/// created since then, and the deliveries waiting because it was disabled made due now;
+/// returns how many of each.
 #[tracing::instrument(skip_all, fields(id = %id))]
-pub async fn recover_failed(
+pub async fn recover(
     state: &AdminState,
     id: Uuid,
     since: OffsetDateTime,
-) -> Result<usize, AdminError> {
+) -> Result<(usize, usize), AdminError> {
     let mut conn = state.conn().await?;
     let webhook = webhooks::get_any(&mut conn, id)
         .await
         .or_not_found("webhook")?;
     ensure_deliverable(&webhook)?;
-    let retried = store::recover_failed(&mut conn, webhook.id, since).await?;
-    if retried > 0 {
+    let (retried, sent_waiting) = store::recover(&mut conn, webhook.id, since).await?;
+    if retried + sent_waiting > 0 {
         state.wake_relay();
     }
-    tracing::info!(webhook = %webhook.id, retried, "failed deliveries re-enqueued");
-    Ok(retried)
+    tracing::info!(webhook = %webhook.id, retried, sent_waiting, "deliveries recovered");
+    Ok((retried, sent_waiting))
 }
 
 /// Moves an incident to another status and records the events it emits.

@@ -163,9 +163,11 @@ pub async fn deliveries(args: DeliveriesArgs) -> anyhow::Result<()> {
                 Err(DbError::NotFound) => anyhow::bail!("no webhook {webhook}"),
                 Err(error) => return Err(error.into()),
             }
-            let n = crate::store::recover_failed(&mut conn, webhook, since).await?;
+            let (n, waiting) = crate::store::recover(&mut conn, webhook, since).await?;
             writeln!(out, "{n}")?;
-            eprintln!("enqueued a manual attempt of {n} failed deliveries");
+            eprintln!(
+                "enqueued a manual attempt of {n} failed deliveries, and {waiting} deliveries that waited while the webhook was disabled"
+            );
         }
     }
     Ok(())

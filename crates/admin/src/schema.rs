@@ -60,8 +60,11 @@ string_enum! {
 
 string_enum! {
     /// Why a delivery is `waiting`: `webhook_busy` (the webhook has as many requests in flight
-    /// as a dispatcher allows one webhook; the attempt is made as soon as one finishes).
-    WaitReason => [tocsin_domain::delivery::WaitReason::WebhookBusy].map(|r| r.as_str())
+    /// as a dispatcher allows one webhook; the attempt is made as soon as one finishes),
+    /// `webhook_disabled` (the event came while the webhook was disabled; sent once it is
+    /// enabled and recovered), `rate_limited` (the webhook's rate limit is spent; the attempt
+    /// is made at `next_attempt_at`).
+    WaitReason => tocsin_domain::delivery::WaitReason::ALL.map(|r| r.as_str())
 }
 
 string_enum! {

@@ -83,17 +83,22 @@ pub async fn enqueue_manual_attempts(
         .await
 }
 
-/// Enqueues a manual attempt of every failed delivery of a webhook created since `since`;
-/// returns how many.
-pub async fn recover_failed(
+/// Enqueues a manual attempt of every failed delivery of a webhook created since `since`, and
+/// the next automatic attempt of every one created since then that waits because the webhook
+/// was disabled; returns how many of each.
+pub async fn recover(
     conn: &mut AsyncPgConnection,
     webhook_id: Uuid,
     since: OffsetDateTime,
-) -> Result<usize, DbError> {
+) -> Result<(usize, usize), DbError> {
     conn.transaction::<_, DbError, _>(async |conn| {
         let ids = deliveries::failed_since(conn, webhook_id, since).await?;
         enqueue_chunked(conn, &ids).await?;
-        Ok(ids.len())
+        let waiting = deliveries::recover_disabled(conn, webhook_id, since).await?;
+        for chunk in waiting.chunks(ENQUEUE_CHUNK) {
+            outbox::enqueue_automatic(conn, chunk).await?;
+        }
+        Ok((ids.len(), waiting.len()))
     })
     .await
 }

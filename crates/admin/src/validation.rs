@@ -2,9 +2,12 @@
 //! these functions, so every rule lives in one place; they collect every refused field (the
 //! forms show each beside its input, the API answers with the first).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use tocsin_domain::{EventKind, InvalidRetry, RetrySettings, TargetUrl, WebhookName};
+use tocsin_domain::{
+    EventKind, InvalidRetry, InvalidSetting, RateLimit, RetrySettings, TargetUrl, WebhookFilters,
+    WebhookHeaders, WebhookName,
+};
 use tocsin_storage::webhooks::{NewWebhook, WebhookChanges};
 
 use crate::error::AdminError;
@@ -51,6 +54,55 @@ pub struct WebhookInput<'a> {
     pub max_attempts: Option<i64>,
     pub timeout_ms: Option<i64>,
     pub enabled: Option<bool>,
+    pub filters: Option<FiltersInput<'a>>,
+    pub headers: Option<&'a BTreeMap<String, String>>,
+    /// The headers as stored, in a change: a value given as `***` keeps its stored value.
+    pub current_headers: Option<&'a WebhookHeaders>,
+    /// `Some(None)`: no limit.
+    pub rate_limit_per_second: Option<Option<i64>>,
+}
+
+/// Subscription filters as a client gave them; each `None` is a filter left out.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FiltersInput<'a> {
+    pub severities: Option<&'a [String]>,
+    pub sources: Option<&'a [String]>,
+    pub labels: Option<&'a BTreeMap<String, String>>,
+}
+
+impl From<InvalidSetting> for FieldError {
+    fn from(error: InvalidSetting) -> Self {
+        FieldError::new(error.field, error.message)
+    }
+}
+
+/// The settings beyond the target and retries, each checked on its own.
+struct Subscription {
+    filters: Option<Option<WebhookFilters>>,
+    headers: Option<Option<WebhookHeaders>>,
+    rate_limit: Option<Option<Option<RateLimit>>>,
+}
+
+fn parse_subscription(input: &WebhookInput<'_>, errors: &mut Collector) -> Subscription {
+    let filters = input.filters.map(|f| {
+        errors.check(
+            WebhookFilters::parse(f.severities, f.sources, f.labels).map_err(FieldError::from),
+        )
+    });
+    let headers = input.headers.map(|given| {
+        errors.check(WebhookHeaders::parse(given, input.current_headers).map_err(FieldError::from))
+    });
+    let rate_limit = input.rate_limit_per_second.map(|limit| match limit {
+        None => Some(None),
+        Some(n) => errors
+            .check(RateLimit::new(n).map_err(FieldError::from))
+            .map(Some),
+    });
+    Subscription {
+        filters,
+        headers,
+        rate_limit,
+    }
 }
 
 /// Collects the outcome of each field check, keeping every error.
@@ -79,6 +131,7 @@ pub fn new_webhook(input: &WebhookInput<'_>) -> Result<NewWebhook, FieldErrors> 
     let url = errors.check(parse_url(input.url.unwrap_or("")));
     let events = errors.check(parse_events(input.events.unwrap_or(&[])));
     let (max_attempts, timeout_ms) = parse_retry_fields(input, &mut errors);
+    let subscription = parse_subscription(input, &mut errors);
     let defaults = RetrySettings::default();
     let retry = RetrySettings::new(
         max_attempts.unwrap_or(defaults.max_attempts()).into(),
@@ -92,6 +145,13 @@ pub fn new_webhook(input: &WebhookInput<'_>) -> Result<NewWebhook, FieldErrors> 
             events: events?,
             retry: retry?,
             enabled: input.enabled.unwrap_or(true),
+            filters: subscription
+                .filters
+                .unwrap_or(Some(WebhookFilters::default()))?,
+            headers: subscription
+                .headers
+                .unwrap_or(Some(WebhookHeaders::default()))?,
+            rate_limit: subscription.rate_limit.unwrap_or(Some(None))?,
         })
     })
 }
@@ -106,6 +166,7 @@ pub fn webhook_patch(input: &WebhookInput<'_>) -> Result<WebhookPatch, FieldErro
         .events
         .map(|events| errors.check(parse_events(events)));
     let (max_attempts, timeout_ms) = parse_retry_fields(input, &mut errors);
+    let subscription = parse_subscription(input, &mut errors);
     errors.finish(|| {
         Some(WebhookPatch {
             changes: WebhookChanges {
@@ -123,6 +184,18 @@ pub fn webhook_patch(input: &WebhookInput<'_>) -> Result<WebhookPatch, FieldErro
                 },
                 retry: None,
                 enabled: input.enabled,
+                filters: match subscription.filters {
+                    Some(checked) => Some(checked?),
+                    None => None,
+                },
+                headers: match subscription.headers {
+                    Some(checked) => Some(checked?),
+                    None => None,
+                },
+                rate_limit: match subscription.rate_limit {
+                    Some(checked) => Some(checked?),
+                    None => None,
+                },
             },
             max_attempts,
             timeout_ms,
@@ -216,7 +289,7 @@ mod tests {
             events: Some(&kinds),
             max_attempts: Some(6),
             timeout_ms: Some(999),
-            enabled: None,
+            ..WebhookInput::default()
         })
         .unwrap_err();
         assert_eq!(

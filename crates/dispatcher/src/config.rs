@@ -12,6 +12,7 @@
 //! | `TOCSIN_RESPONSE_BODY_LIMIT` | `65536` | bytes of a target's response body kept in the log |
 //! | `TOCSIN_RETENTION` | `30d` | finished deliveries, their attempts and events older than this are deleted |
 //! | `TOCSIN_PRUNE_INTERVAL` | `1h` | how often the dispatcher prunes (0s: never) |
+//! | `TOCSIN_AUTO_DISABLE_AFTER` | `5d` | a webhook failing without a success this long is disabled (`0`: never) |
 
 use std::time::Duration;
 
@@ -75,6 +76,19 @@ pub struct Config {
     /// How often the dispatcher prunes (0s turns pruning off in this dispatcher).
     #[arg(long, env = "TOCSIN_PRUNE_INTERVAL", value_name = "TOCSIN_PRUNE_INTERVAL", default_value = "1h", value_parser = parse_duration_arg)]
     pub prune_interval: Duration,
+
+    /// A webhook whose attempts have failed without a single success for this long is
+    /// disabled, with its reason (`0`: never). The sweeper checks on each pass.
+    #[arg(long, env = "TOCSIN_AUTO_DISABLE_AFTER", value_name = "TOCSIN_AUTO_DISABLE_AFTER", default_value = "5d", value_parser = parse_auto_disable_after)]
+    pub auto_disable_after: Duration,
+}
+
+/// `0` (never) or a duration.
+fn parse_auto_disable_after(text: &str) -> Result<Duration, String> {
+    if text.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration_arg(text)
 }
 
 impl Config {
@@ -92,6 +106,7 @@ impl Config {
             response_body_limit: 64 * 1024,
             retention: Duration::from_secs(30 * 86_400),
             prune_interval: Duration::ZERO,
+            auto_disable_after: Duration::from_secs(5 * 86_400),
         }
     }
 }

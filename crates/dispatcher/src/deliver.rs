@@ -15,6 +15,7 @@ use tocsin_broker::messages::{DeliveryMessage, ATTEMPT_HEADER, TRIGGER_HEADER};
 use tocsin_broker::{header_int, header_str};
 use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger};
 use tocsin_domain::signing::{self, headers};
+use tocsin_domain::WebhookHeaders;
 use tocsin_storage::attempts::{AttemptResult, Claim, Completion, Job};
 use tocsin_storage::deliveries::{self, Due};
 use tokio::sync::oneshot;
@@ -301,9 +302,26 @@ async fn send(ctx: &Context, job: &Job, started_at: OffsetDateTime) -> AttemptRe
     if job.test {
         sent.push(("tocsin-test", "true".into()));
     }
+    let ours = sent.len();
+    // The webhook's own headers follow Tocsin's (their names never collide: they are
+    // reserved); the log shows their values masked.
+    sent.extend(
+        job.webhook
+            .headers
+            .iter()
+            .map(|(name, value)| (name, value.to_owned())),
+    );
     let request_headers = Value::Object(
         sent.iter()
-            .map(|(name, value)| ((*name).to_owned(), Value::String(value.clone())))
+            .enumerate()
+            .map(|(i, (name, value))| {
+                let shown = if i < ours {
+                    value.clone()
+                } else {
+                    WebhookHeaders::MASK.to_owned()
+                };
+                ((*name).to_owned(), Value::String(shown))
+            })
             .collect::<Map<_, _>>(),
     );
     let exchange = exchange(ctx, job, &sent).await;

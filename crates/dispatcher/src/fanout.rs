@@ -40,6 +40,7 @@ async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) ->
         claimed,
         pending,
         waiting,
+        disabled,
     } = match retry_db!(
         ctx,
         ctx.batched.fan_out(request.clone(), room.clone()).await
@@ -47,10 +48,10 @@ async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) ->
         Ok(fanned) => fanned,
         Err(outcome) => return outcome,
     };
-    let created = claimed.len() + pending.len() + waiting;
+    let created = claimed.len() + pending.len() + waiting + disabled;
     ctx.metrics.deliveries_created.inc_by(created as u64);
     ctx.metrics.waited.inc_by(waiting as u64);
-    tracing::debug!(deliveries = created, waiting, "fanned out");
+    tracing::debug!(deliveries = created, waiting, disabled, "fanned out");
     let mut started: Vec<_> = claimed.into_iter().map(|job| make(ctx, job)).collect();
     started.extend(pending.into_iter().map(|due| start(ctx, due)));
     // Acked once every attempt has its slots (its claim is committed already), so that the

@@ -1,12 +1,44 @@
-//! The gauges read from outside the process: the depth of each queue (from RabbitMQ) and the
-//! unfinished deliveries by state (from PostgreSQL), refreshed on a timer.
+//! The gauges read from outside the process: the depth of each queue (from RabbitMQ), the
+//! unfinished deliveries by state and each webhook's health (from PostgreSQL), refreshed on a
+//! timer.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use tocsin_storage::health::WebhookHealth;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
+
+/// Sets each webhook's health gauges; webhooks deleted since the last refresh leave them.
+fn set_health(ctx: &Context, webhooks: &[(uuid::Uuid, bool, WebhookHealth)]) {
+    let metrics = &ctx.metrics;
+    metrics.webhook_failures.reset();
+    metrics.webhook_success_rate.reset();
+    metrics.webhook_enabled.reset();
+    for (id, enabled, health) in webhooks {
+        let id = id.to_string();
+        metrics
+            .webhook_failures
+            .with_label_values(&[&id])
+            .set(i64::from(health.consecutive_failures));
+        metrics
+            .webhook_enabled
+            .with_label_values(&[&id])
+            .set(i64::from(*enabled));
+        for (window, rate) in [
+            ("1h", health.success_rate_1h),
+            ("24h", health.success_rate_24h),
+        ] {
+            if let Some(rate) = rate {
+                metrics
+                    .webhook_success_rate
+                    .with_label_values(&[&id, window])
+                    .set(rate);
+            }
+        }
+    }
+}
 
 /// Refreshes the queue-depth and backlog gauges every `interval` until cancelled.
 pub(crate) async fn refresh_gauges(
@@ -33,6 +65,9 @@ pub(crate) async fn refresh_gauges(
                         .with_label_values(&[state.as_str()])
                         .set(n);
                 }
+            }
+            if let Ok(webhooks) = tocsin_storage::health::all(&mut conn).await {
+                set_health(&ctx, &webhooks);
             }
         }
         tokio::select! {

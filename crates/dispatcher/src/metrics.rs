@@ -1,8 +1,8 @@
 //! Dispatcher metrics (docs/operations.md lists them all).
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
 use tocsin_domain::delivery::DeliveryState;
 use tocsin_web::metrics::{LAG_BUCKETS, LATENCY_BUCKETS};
@@ -20,6 +20,10 @@ pub(crate) struct DispatcherMetrics {
     pub waited: IntCounter,
     pub queue_messages: IntGaugeVec,
     pub unfinished: IntGaugeVec,
+    pub auto_disabled: IntCounter,
+    pub webhook_failures: IntGaugeVec,
+    pub webhook_success_rate: GaugeVec,
+    pub webhook_enabled: IntGaugeVec,
 }
 
 impl DispatcherMetrics {
@@ -90,6 +94,35 @@ impl DispatcherMetrics {
             ),
             &["state"],
         )?;
+        let auto_disabled = IntCounter::new(
+            "tocsin_webhooks_auto_disabled_total",
+            "Webhooks disabled because they failed without a success for TOCSIN_AUTO_DISABLE_AFTER.",
+        )?;
+        let webhook_failures = IntGaugeVec::new(
+            Opts::new(
+                "tocsin_webhook_consecutive_failures",
+                "Failed attempts since the webhook's last successful one (its health), by webhook id.",
+            ),
+            &["webhook_id"],
+        )?;
+        let webhook_success_rate = GaugeVec::new(
+            Opts::new(
+                "tocsin_webhook_success_rate",
+                "Successful attempts over all attempts of the webhook in the window (1h, 24h), by webhook id; absent without attempts.",
+            ),
+            &["webhook_id", "window"],
+        )?;
+        let webhook_enabled = IntGaugeVec::new(
+            Opts::new(
+                "tocsin_webhook_enabled",
+                "1 while the webhook is enabled, 0 while it is disabled (by an operator or auto-disable), by webhook id.",
+            ),
+            &["webhook_id"],
+        )?;
+        registry.register(Box::new(auto_disabled.clone()))?;
+        registry.register(Box::new(webhook_failures.clone()))?;
+        registry.register(Box::new(webhook_success_rate.clone()))?;
+        registry.register(Box::new(webhook_enabled.clone()))?;
         registry.register(Box::new(queue_messages.clone()))?;
         registry.register(Box::new(unfinished.clone()))?;
         registry.register(Box::new(attempts.clone()))?;
@@ -121,6 +154,10 @@ impl DispatcherMetrics {
             waited,
             queue_messages,
             unfinished,
+            auto_disabled,
+            webhook_failures,
+            webhook_success_rate,
+            webhook_enabled,
         })
     }
 }

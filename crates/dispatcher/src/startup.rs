@@ -165,6 +165,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             context,
             config.sweep_interval,
             config.sweep_grace,
+            config.auto_disable_after,
             background.token(),
         ),
     );

@@ -4,7 +4,8 @@
 //! (their deliveries move as after any failed attempt), then enqueues pending and retrying deliveries whose next attempt is overdue by
 //! more than a grace period (a message lost by the broker, a first attempt its dispatcher never
 //! made). Several dispatchers may sweep at once: rows are claimed with `FOR UPDATE SKIP LOCKED`
-//! and made due now, and every attempt is still claimed before it is sent.
+//! and made due now, and every attempt is still claimed before it is sent. Each pass also
+//! disables the webhooks that have failed without a success for `TOCSIN_AUTO_DISABLE_AFTER`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,12 +28,18 @@ pub(crate) async fn run(
     ctx: Arc<Context>,
     interval: Duration,
     grace: Duration,
+    auto_disable_after: Duration,
     cancel: CancellationToken,
 ) {
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
+        }
+        if !auto_disable_after.is_zero() {
+            if let Err(error) = auto_disable(&ctx, auto_disable_after).await {
+                tracing::warn!(error = %format!("{error:#}"), "auto-disable failed; will retry");
+            }
         }
         match sweep_once(&ctx, grace).await {
             Ok((0, 0)) => {}
@@ -46,6 +53,21 @@ pub(crate) async fn run(
             Err(error) => tracing::warn!(error = %format!("{error:#}"), "sweep failed; will retry"),
         }
     }
+}
+
+/// Disables the webhooks failing without a success for `after`, each with a warning.
+#[tracing::instrument(skip_all)]
+async fn auto_disable(ctx: &Context, after: Duration) -> anyhow::Result<()> {
+    let mut conn = ctx.pool.get().await.map_err(DbError::from)?;
+    for disabled in tocsin_storage::health::auto_disable(&mut conn, after).await? {
+        ctx.metrics.auto_disabled.inc();
+        tracing::warn!(
+            webhook_id = %disabled.webhook_id,
+            reason = %disabled.reason,
+            "webhook disabled automatically"
+        );
+    }
+    Ok(())
 }
 
 /// One pass; returns how many interrupted attempts were recorded and how many overdue

@@ -106,20 +106,31 @@ pub enum WaitReason {
     /// The webhook has as many requests in flight as it may (`TOCSIN_WEBHOOK_CONCURRENCY` per
     /// dispatcher), usually because its target answers slowly or hangs.
     WebhookBusy,
+    /// The event came while the webhook was disabled: nothing is sent until an operator
+    /// enables it and asks to recover its deliveries since a time.
+    WebhookDisabled,
+    /// The webhook's `rate_limit_per_second` is spent for now: the attempt is made at
+    /// `next_attempt_at`.
+    RateLimited,
 }
 
 impl WaitReason {
+    pub const ALL: [WaitReason; 3] = [
+        WaitReason::WebhookBusy,
+        WaitReason::WebhookDisabled,
+        WaitReason::RateLimited,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             WaitReason::WebhookBusy => "webhook_busy",
+            WaitReason::WebhookDisabled => "webhook_disabled",
+            WaitReason::RateLimited => "rate_limited",
         }
     }
 
     pub fn parse(text: &str) -> Option<WaitReason> {
-        match text {
-            "webhook_busy" => Some(WaitReason::WebhookBusy),
-            _ => None,
-        }
+        WaitReason::ALL.into_iter().find(|r| r.as_str() == text)
     }
 
     /// What the delivery log says about it.
@@ -127,6 +138,12 @@ impl WaitReason {
         match self {
             WaitReason::WebhookBusy => {
                 "the webhook has as many requests in flight as it may; the attempt is made as soon as one finishes"
+            }
+            WaitReason::WebhookDisabled => {
+                "the webhook was disabled when the event came; enable it and recover its deliveries since a time to send it"
+            }
+            WaitReason::RateLimited => {
+                "the webhook's rate limit is spent for now; the attempt is made when it allows"
             }
         }
     }

@@ -14,6 +14,7 @@ pub mod retry;
 mod secret;
 mod severity;
 pub mod signing;
+mod subscription;
 mod token;
 mod webhook;
 
@@ -23,5 +24,6 @@ pub use redact::redact_url;
 pub use retry::RetrySchedule;
 pub use secret::{InvalidSecret, WebhookSecret};
 pub use severity::{InvalidSeverity, Severity};
+pub use subscription::{InvalidSetting, RateLimit, WebhookFilters, WebhookHeaders};
 pub use token::{constant_time_eq, AccessToken};
 pub use webhook::{InvalidName, InvalidRetry, InvalidUrl, RetrySettings, TargetUrl, WebhookName};

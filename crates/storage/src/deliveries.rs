@@ -422,6 +422,31 @@ pub async fn failed_since(
         .await?)
 }
 
+/// Makes the deliveries of a webhook created since `since` that wait because it was disabled
+/// when their events came due now (`pending`, or `retrying` after an earlier attempt), and
+/// returns them, for their attempts to be enqueued (bulk recovery once it is enabled again).
+pub async fn recover_disabled(
+    conn: &mut AsyncPgConnection,
+    webhook_id: Uuid,
+    since: OffsetDateTime,
+) -> Result<Vec<Due>, DbError> {
+    Ok(Statement::new(
+        "UPDATE deliveries d SET
+    state = CASE WHEN d.auto_attempts = 0 THEN 'pending' ELSE 'retrying' END,
+    wait_reason = NULL, next_attempt_at = now(), updated_at = now()
+WHERE d.id IN (
+    SELECT id FROM deliveries
+    WHERE webhook_id = $1 AND state = 'waiting' AND wait_reason = 'webhook_disabled'
+        AND created_at >= $2
+    ORDER BY id FOR UPDATE)
+RETURNING d.id AS delivery_id, d.webhook_id, d.auto_attempts",
+    )
+    .bind::<SqlUuid, _>(webhook_id)
+    .bind::<diesel::sql_types::Timestamptz, _>(since)
+    .load(conn)
+    .await?)
+}
+
 /// The newest delivery of each given webhook (for the webhook list).
 pub async fn latest_for_webhooks(
     conn: &mut AsyncPgConnection,

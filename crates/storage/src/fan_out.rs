@@ -45,6 +45,8 @@ pub struct FannedOut {
     pub pending: Vec<Due>,
     /// Deliveries created `waiting`: their webhooks had no room in the caller.
     pub waiting: usize,
+    /// Deliveries created `waiting` because their webhooks are disabled.
+    pub disabled: usize,
 }
 
 /// How a fan-out starts the deliveries it creates.
@@ -116,7 +118,11 @@ pub async fn fan_out(
         };
         let delivery: Delivery = row.delivery.try_into()?;
         if delivery.state == DeliveryState::Waiting {
-            results[index].waiting += 1;
+            if delivery.wait_reason == Some(WaitReason::WebhookDisabled) {
+                results[index].disabled += 1;
+            } else {
+                results[index].waiting += 1;
+            }
         } else if delivery.attempt_count == 1 {
             let webhook: WebhookRow = serde_json::from_str(&row.webhook)
                 .map_err(|e| DbError::Corrupt(format!("webhook {}: {e}", delivery.webhook_id)))?;

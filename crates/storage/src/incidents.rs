@@ -1,6 +1,8 @@
 //! Incidents: applying alert signals and status changes, each in one transaction with the
 //! events it emits (transactional outbox), and reading them back.
 
+use std::collections::BTreeMap;
+
 use diesel::prelude::*;
 use diesel::upsert::DecoratableTarget;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
@@ -30,6 +32,7 @@ struct IncidentRow {
     created_at: OffsetDateTime,
     updated_at: OffsetDateTime,
     resolved_at: Option<OffsetDateTime>,
+    labels: serde_json::Value,
 }
 
 /// An incident as stored.
@@ -48,6 +51,8 @@ pub struct Incident {
     pub updated_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339::option")]
     pub resolved_at: Option<OffsetDateTime>,
+    /// The labels of the alert that opened it (subscription filters match them).
+    pub labels: BTreeMap<String, String>,
 }
 
 impl TryFrom<IncidentRow> for Incident {
@@ -65,6 +70,7 @@ impl TryFrom<IncidentRow> for Incident {
             created_at: row.created_at,
             updated_at: row.updated_at,
             resolved_at: row.resolved_at,
+            labels: serde_json::from_value(row.labels).map_err(|_| corrupt("labels"))?,
         })
     }
 }
@@ -217,6 +223,7 @@ async fn open_all(
                 created_at: now,
                 updated_at: now,
                 resolved_at: None,
+                labels: signal.labels.clone(),
             };
             let mut events = events_for(&incident, Change::Opened, now);
             let event = events.pop().expect("an opened incident has its event");
@@ -232,6 +239,10 @@ async fn open_all(
     let severities: Vec<&str> = opening.iter().map(|(i, _)| i.severity.as_str()).collect();
     let sources = column(|(i, _)| i.source.as_deref());
     let descriptions = column(|(i, _)| i.description.as_deref());
+    let labels: Vec<serde_json::Value> = opening
+        .iter()
+        .map(|(i, _)| serde_json::to_value(&i.labels).unwrap_or_default())
+        .collect();
     let event_ids: Vec<Uuid> = opening.iter().map(|(_, e)| e.id).collect();
     let event_bodies: Vec<&str> = opening.iter().map(|(_, e)| e.body.as_str()).collect();
     let arrival: Vec<i32> = (0..opening.len())
@@ -253,6 +264,7 @@ async fn open_all(
         .bind::<Array<Int4>, _>(&arrival)
         .bind::<Timestamptz, _>(now)
         .bind::<Array<diesel::sql_types::Binary>, _>(&messages)
+        .bind::<Array<diesel::sql_types::Jsonb>, _>(&labels)
         .load(conn)
         .await?;
     let opened: std::collections::HashSet<Uuid> = opened.into_iter().map(|row| row.id).collect();
@@ -318,13 +330,14 @@ struct OpenedId {
 const OPEN_ALL_SQL: &str = "\
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-            $7::uuid[], $8::text[], $9::int4[], $11::bytea[])
+            $7::uuid[], $8::text[], $9::int4[], $11::bytea[], $12::jsonb[])
         AS v(id, dedup_key, title, severity, source, description, event_id, body, arrival,
-            message)
+            message, labels)
 ), opened AS (
     INSERT INTO incidents
-        (id, dedup_key, title, severity, status, source, description, created_at, updated_at)
-    SELECT id, dedup_key, title, severity, 'triggered', source, description, $10, $10
+        (id, dedup_key, title, severity, status, source, description, created_at, updated_at,
+         labels)
+    SELECT id, dedup_key, title, severity, 'triggered', source, description, $10, $10, labels
     FROM input ORDER BY dedup_key
     ON CONFLICT (dedup_key) WHERE status <> 'resolved' DO NOTHING
     RETURNING id
@@ -389,6 +402,7 @@ async fn apply_one(
                 incidents::description.eq(signal.description.as_deref()),
                 incidents::created_at.eq(now),
                 incidents::updated_at.eq(now),
+                incidents::labels.eq(serde_json::to_value(&signal.labels).unwrap_or_default()),
             ))
             .on_conflict(incidents::dedup_key)
             // A literal, not a bound parameter: PostgreSQL must match the partial index's

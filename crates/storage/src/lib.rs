@@ -12,6 +12,7 @@ pub mod attempts;
 pub mod batch;
 pub mod deliveries;
 pub mod fan_out;
+pub mod health;
 pub mod incidents;
 pub mod outbox;
 pub mod relay;

@@ -133,6 +133,39 @@ pub async fn wake_relays(conn: &mut AsyncPgConnection, wake: Wake) -> Result<(),
     }
 }
 
+/// Records a request for the next automatic attempt of each delivery, due now (a recovered
+/// delivery), with the attempt number its claim expects.
+pub async fn enqueue_automatic(
+    conn: &mut AsyncPgConnection,
+    due: &[crate::deliveries::Due],
+) -> Result<(), DbError> {
+    if due.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<_> = due
+        .iter()
+        .map(|due| {
+            (
+                outbox::topic.eq(Topic::Delivery.as_str()),
+                outbox::headers.eq(serde_json::json!({
+                    tocsin_broker::messages::TRIGGER_HEADER: Trigger::Automatic.as_str(),
+                    tocsin_broker::messages::ATTEMPT_HEADER: due.auto_attempts + 1,
+                })),
+                outbox::payload.eq(DeliveryMessage {
+                    delivery_id: due.delivery_id,
+                    webhook_id: Some(due.webhook_id),
+                }
+                .to_bytes()),
+            )
+        })
+        .collect();
+    diesel::insert_into(outbox::table)
+        .values(&rows)
+        .execute(conn)
+        .await?;
+    notify(conn).await
+}
+
 /// Records a request for one immediate attempt of a delivery (a manual retry).
 pub async fn enqueue_attempt(
     conn: &mut AsyncPgConnection,

@@ -1,6 +1,7 @@
 //! Data lifecycle: finished deliveries (with their attempts), events no delivery refers to any
 //! more and published outbox rows are
-//! deleted once older than the retention period. Deletes run in small batches, each its own
+//! deleted once older than the retention period; webhook outcome buckets once older than the
+//! 24 hours the success rates read. Deletes run in small batches, each its own
 //! short statement that skips locked rows, so the hot tables are never locked for long.
 
 use diesel::sql_types::{BigInt, Timestamptz};
@@ -19,6 +20,7 @@ pub struct Pruned {
     pub deliveries: usize,
     pub events: usize,
     pub outbox: usize,
+    pub outcome_buckets: usize,
 }
 
 /// Deletes what is older than `cutoff` (published outbox rows older than `outbox_cutoff`),
@@ -61,10 +63,19 @@ pub async fn prune(
             LIMIT $2 FOR UPDATE SKIP LOCKED)",
     )
     .await?;
+    let outcome_buckets = batches(
+        conn,
+        OffsetDateTime::now_utc() - crate::health::RATE_WINDOWS[1] - time::Duration::HOUR,
+        "DELETE FROM webhook_outcomes WHERE (webhook_id, bucket) IN (
+            SELECT webhook_id, bucket FROM webhook_outcomes WHERE bucket < $1
+            LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    )
+    .await?;
     Ok(Pruned {
         deliveries,
         events,
         outbox,
+        outcome_buckets,
     })
 }
 

@@ -12,6 +12,7 @@ diesel::table! {
         created_at -> Timestamptz,
         updated_at -> Timestamptz,
         resolved_at -> Nullable<Timestamptz>,
+        labels -> Jsonb,
     }
 }
 
@@ -52,6 +53,38 @@ diesel::table! {
         created_at -> Timestamptz,
         updated_at -> Timestamptz,
         deleted_at -> Nullable<Timestamptz>,
+        filters -> Jsonb,
+        headers -> Jsonb,
+        rate_limit_per_second -> Nullable<Int4>,
+        disabled_reason -> Nullable<Text>,
+        disabled_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
+    webhook_health (webhook_id) {
+        webhook_id -> Uuid,
+        consecutive_failures -> Int4,
+        failing_since -> Nullable<Timestamptz>,
+        last_success_at -> Nullable<Timestamptz>,
+        last_failure_at -> Nullable<Timestamptz>,
+        last_error -> Nullable<Text>,
+    }
+}
+
+diesel::table! {
+    webhook_outcomes (webhook_id, bucket) {
+        webhook_id -> Uuid,
+        bucket -> Timestamptz,
+        successes -> Int4,
+        failures -> Int4,
+    }
+}
+
+diesel::table! {
+    webhook_rate_budgets (webhook_id) {
+        webhook_id -> Uuid,
+        next_free_at -> Timestamptz,
     }
 }
 
@@ -105,6 +138,7 @@ diesel::table! {
 diesel::joinable!(deliveries -> webhooks (webhook_id));
 diesel::joinable!(deliveries -> events (event_id));
 diesel::joinable!(attempts -> deliveries (delivery_id));
+diesel::joinable!(webhook_health -> webhooks (webhook_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     incidents,
@@ -114,4 +148,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     deliveries,
     attempts,
     inbound_tokens,
+    webhook_health,
+    webhook_outcomes,
+    webhook_rate_budgets,
 );

@@ -8,10 +8,13 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::schema::{deliveries, webhooks};
+use crate::schema::{deliveries, webhook_health, webhook_rate_budgets, webhooks};
 use crate::{Cursor, DbError, Page};
 use tocsin_domain::delivery::DeliveryState;
-use tocsin_domain::{EventKind, RetrySettings, TargetUrl, WebhookName, WebhookSecret};
+use tocsin_domain::{
+    EventKind, RateLimit, RetrySettings, TargetUrl, WebhookFilters, WebhookHeaders, WebhookName,
+    WebhookSecret,
+};
 
 /// A webhook row as stored; also read from `row_to_json(webhooks)` where one statement returns
 /// it beside another table's row.
@@ -35,6 +38,12 @@ pub(crate) struct WebhookRow {
     updated_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339::option")]
     deleted_at: Option<OffsetDateTime>,
+    filters: serde_json::Value,
+    headers: serde_json::Value,
+    rate_limit_per_second: Option<i32>,
+    disabled_reason: Option<String>,
+    #[serde(with = "time::serde::rfc3339::option")]
+    disabled_at: Option<OffsetDateTime>,
 }
 
 /// A webhook as stored. Its secrets never serialise.
@@ -56,6 +65,16 @@ pub struct Webhook {
     pub secret: WebhookSecret,
     #[serde(skip)]
     pub previous_secret: Option<(WebhookSecret, OffsetDateTime)>,
+    /// Which of the events it subscribes to it receives.
+    pub filters: WebhookFilters,
+    /// Sent with every delivery; values never serialise.
+    #[serde(skip)]
+    pub headers: WebhookHeaders,
+    pub rate_limit: Option<RateLimit>,
+    /// Why it is disabled (an operator, or auto-disable with its figures); `None` while enabled.
+    pub disabled_reason: Option<String>,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub disabled_at: Option<OffsetDateTime>,
 }
 
 impl Webhook {
@@ -96,7 +115,21 @@ impl TryFrom<WebhookRow> for Webhook {
             )),
             _ => None,
         };
+        let filters: WebhookFilters =
+            serde_json::from_value(row.filters).map_err(|_| corrupt("filters"))?;
+        let headers: std::collections::BTreeMap<String, String> =
+            serde_json::from_value(row.headers).map_err(|_| corrupt("headers"))?;
+        let rate_limit = row
+            .rate_limit_per_second
+            .map(|n| RateLimit::new(n.into()))
+            .transpose()
+            .map_err(|_| corrupt("rate limit"))?;
         Ok(Webhook {
+            filters,
+            headers: WebhookHeaders::from_stored(headers),
+            rate_limit,
+            disabled_reason: row.disabled_reason,
+            disabled_at: row.disabled_at,
             id: row.id,
             name: WebhookName::from_stored(row.name),
             url: TargetUrl::from_stored(&row.url).map_err(|_| corrupt("url"))?,
@@ -120,14 +153,36 @@ pub struct NewWebhook {
     pub events: BTreeSet<EventKind>,
     pub retry: RetrySettings,
     pub enabled: bool,
+    pub filters: WebhookFilters,
+    pub headers: WebhookHeaders,
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// Why an operator's change disabled a webhook.
+pub const DISABLED_BY_OPERATOR: &str = "disabled by an operator";
+
+fn json_of<T: Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value).expect("settings serialise")
 }
 
 fn event_texts(events: &BTreeSet<EventKind>) -> Vec<String> {
     events.iter().map(|e| e.as_str().to_owned()).collect()
 }
 
-/// Creates a webhook with a new secret.
+/// Creates a webhook with a new secret, and its rate budget.
 pub async fn create(conn: &mut AsyncPgConnection, new: &NewWebhook) -> Result<Webhook, DbError> {
+    conn.transaction::<_, DbError, _>(async |conn| {
+        let webhook = insert(conn, new).await?;
+        diesel::insert_into(webhook_rate_budgets::table)
+            .values(webhook_rate_budgets::webhook_id.eq(webhook.id))
+            .execute(conn)
+            .await?;
+        Ok(webhook)
+    })
+    .await
+}
+
+async fn insert(conn: &mut AsyncPgConnection, new: &NewWebhook) -> Result<Webhook, DbError> {
     let now = OffsetDateTime::now_utc();
     let secret = WebhookSecret::generate();
     let row: WebhookRow = diesel::insert_into(webhooks::table)
@@ -142,6 +197,11 @@ pub async fn create(conn: &mut AsyncPgConnection, new: &NewWebhook) -> Result<We
             webhooks::secret.eq(secret.expose()),
             webhooks::created_at.eq(now),
             webhooks::updated_at.eq(now),
+            webhooks::filters.eq(json_of(&new.filters)),
+            webhooks::headers.eq(json_of(new.headers.as_map())),
+            webhooks::rate_limit_per_second.eq(new.rate_limit.map(|r| r.per_second() as i32)),
+            webhooks::disabled_reason.eq((!new.enabled).then_some(DISABLED_BY_OPERATOR)),
+            webhooks::disabled_at.eq((!new.enabled).then_some(now)),
         ))
         .returning(WebhookRow::as_returning())
         .get_result(conn)
@@ -236,6 +296,10 @@ pub struct WebhookChanges {
     pub events: Option<BTreeSet<EventKind>>,
     pub retry: Option<RetrySettings>,
     pub enabled: Option<bool>,
+    pub filters: Option<WebhookFilters>,
+    pub headers: Option<WebhookHeaders>,
+    /// `Some(None)` removes the limit.
+    pub rate_limit: Option<Option<RateLimit>>,
 }
 
 #[derive(AsChangeset)]
@@ -246,11 +310,15 @@ struct WebhookChangeset {
     events: Option<Vec<String>>,
     max_attempts: Option<i16>,
     timeout_ms: Option<i32>,
-    enabled: Option<bool>,
+    filters: Option<serde_json::Value>,
+    headers: Option<serde_json::Value>,
+    rate_limit_per_second: Option<Option<i32>>,
     updated_at: OffsetDateTime,
 }
 
-/// Applies a change. Disabling a webhook stops its unfinished deliveries.
+/// Applies a change. Disabling a webhook stops its unfinished deliveries and records why
+/// (`DISABLED_BY_OPERATOR`); enabling it clears that and starts its failing time afresh, so
+/// that auto-disable measures from the enabling.
 pub async fn update(
     conn: &mut AsyncPgConnection,
     id: Uuid,
@@ -264,7 +332,11 @@ pub async fn update(
             events: changes.events.as_ref().map(event_texts),
             max_attempts: changes.retry.map(|r| i16::from(r.max_attempts())),
             timeout_ms: changes.retry.map(|r| r.timeout_ms() as i32),
-            enabled: changes.enabled,
+            filters: changes.filters.as_ref().map(json_of),
+            headers: changes.headers.as_ref().map(|h| json_of(h.as_map())),
+            rate_limit_per_second: changes
+                .rate_limit
+                .map(|limit| limit.map(|r| r.per_second() as i32)),
             updated_at: now,
         };
         let row: WebhookRow = diesel::update(
@@ -278,12 +350,52 @@ pub async fn update(
         .await
         .optional()?
         .ok_or(DbError::NotFound)?;
-        if changes.enabled == Some(false) {
-            stop_unfinished(conn, id, now).await?;
+        match changes.enabled {
+            Some(enabled) => set_enabled(conn, id, enabled, DISABLED_BY_OPERATOR, now).await,
+            None => row.try_into(),
         }
-        row.try_into()
     })
     .await
+}
+
+/// Enables or disables a webhook in the caller's transaction. Disabling one that is enabled
+/// records `reason` and stops its unfinished deliveries; enabling one that is disabled clears
+/// the reason and starts its failing time afresh. Either is a no-op when it is so already.
+pub(crate) async fn set_enabled(
+    conn: &mut AsyncPgConnection,
+    id: Uuid,
+    enabled: bool,
+    reason: &str,
+    now: OffsetDateTime,
+) -> Result<Webhook, DbError> {
+    let changed: Option<WebhookRow> = diesel::update(
+        webhooks::table
+            .find(id)
+            .filter(webhooks::deleted_at.is_null())
+            .filter(webhooks::enabled.ne(enabled)),
+    )
+    .set((
+        webhooks::enabled.eq(enabled),
+        webhooks::disabled_reason.eq((!enabled).then_some(reason)),
+        webhooks::disabled_at.eq((!enabled).then_some(now)),
+        webhooks::updated_at.eq(now),
+    ))
+    .returning(WebhookRow::as_returning())
+    .get_result(conn)
+    .await
+    .optional()?;
+    let Some(row) = changed else {
+        return get(conn, id).await;
+    };
+    if enabled {
+        diesel::update(webhook_health::table.find(id))
+            .set(webhook_health::failing_since.eq(None::<OffsetDateTime>))
+            .execute(conn)
+            .await?;
+    } else {
+        stop_unfinished(conn, id, now).await?;
+    }
+    row.try_into()
 }
 
 /// Deletes a webhook: it receives nothing more and its unfinished deliveries stop, but the

@@ -160,6 +160,7 @@ pub struct WebhookRow {
     pub url: String,
     pub events: Vec<&'static str>,
     pub enabled: bool,
+    pub health: HealthView,
     pub last: Option<LastDelivery>,
 }
 
@@ -189,6 +190,15 @@ pub struct WebhookFormValues {
     pub events: Vec<String>,
     pub max_attempts: String,
     pub timeout_ms: String,
+    /// The severities checked; none checked receives every severity.
+    pub severities: Vec<String>,
+    /// Sources, comma-separated.
+    pub sources: String,
+    /// Labels, one `key=value` a line.
+    pub labels: String,
+    /// Headers, one `Name: value` a line (their real values: this is the form that sets them).
+    pub headers: String,
+    pub rate_limit: String,
 }
 
 /// The server's refusals, one per form field.
@@ -199,6 +209,11 @@ pub struct FormErrors {
     pub events: Option<String>,
     pub max_attempts: Option<String>,
     pub timeout_ms: Option<String>,
+    pub severities: Option<String>,
+    pub sources: Option<String>,
+    pub labels: Option<String>,
+    pub headers: Option<String>,
+    pub rate_limit: Option<String>,
 }
 
 /// One entry of the error summary above a refused form: the field's id, label and message.
@@ -216,6 +231,11 @@ impl FormErrors {
             "url" => &mut self.url,
             "retry.max_attempts" => &mut self.max_attempts,
             "retry.timeout_ms" => &mut self.timeout_ms,
+            "rate_limit_per_second" => &mut self.rate_limit,
+            field if field.starts_with("filters.severities") => &mut self.severities,
+            field if field.starts_with("filters.sources") => &mut self.sources,
+            field if field.starts_with("filters.labels") => &mut self.labels,
+            field if field.starts_with("headers") => &mut self.headers,
             _ => &mut self.events,
         };
         slot.get_or_insert(message);
@@ -233,6 +253,11 @@ impl FormErrors {
             ("event-0", "Events", &self.events),
             ("max_attempts", "Max attempts", &self.max_attempts),
             ("timeout_ms", "Timeout", &self.timeout_ms),
+            ("severity-0", "Severities", &self.severities),
+            ("sources", "Sources", &self.sources),
+            ("labels", "Labels", &self.labels),
+            ("headers", "Headers", &self.headers),
+            ("rate_limit", "Rate limit", &self.rate_limit),
         ]
         .into_iter()
         .filter_map(|(id, label, message)| {
@@ -259,6 +284,8 @@ pub struct WebhookFormPage {
     pub values: WebhookFormValues,
     pub errors: FormErrors,
     pub event_options: Vec<EventOption>,
+    /// `SEV1`..`SEV5`, each with whether it is checked.
+    pub severity_options: Vec<(String, &'static str, bool)>,
     /// The schedule's steps joined by `|`, for the script that updates the hint.
     pub schedule_steps: String,
     pub schedule_text: String,
@@ -293,6 +320,52 @@ pub struct WebhookView {
     pub created: When,
     pub updated: When,
     pub previous_secret_expires: Option<When>,
+    pub disabled_reason: Option<String>,
+    pub disabled_at: Option<When>,
+    pub health: HealthView,
+    /// The filters in words, one line each; empty when there are none.
+    pub filters: Vec<String>,
+    /// Header names (their values are not shown here).
+    pub header_names: Vec<String>,
+    pub rate_limit: Option<u32>,
+}
+
+/// A webhook's health as the pages show it: a badge and its figures.
+pub struct HealthView {
+    /// `healthy`, `failing` or `unknown` (no attempt yet): the badge's class.
+    pub badge: &'static str,
+    pub label: String,
+    pub consecutive_failures: i32,
+    pub last_success: Option<When>,
+    pub last_failure: Option<When>,
+    pub last_error: Option<String>,
+    pub rate_1h: String,
+    pub rate_24h: String,
+}
+
+impl HealthView {
+    pub fn of(health: &tocsin_storage::health::WebhookHealth) -> Self {
+        let rate =
+            |r: Option<f64>| r.map_or("no attempts".to_owned(), |r| format!("{:.1} %", r * 100.0));
+        let (badge, label) = if health.consecutive_failures > 0 {
+            let n = health.consecutive_failures;
+            ("failing", format!("Failing ({n} in a row)"))
+        } else if health.last_success_at.is_some() {
+            ("healthy", "Healthy".to_owned())
+        } else {
+            ("unknown", "No attempts yet".to_owned())
+        };
+        HealthView {
+            badge,
+            label,
+            consecutive_failures: health.consecutive_failures,
+            last_success: health.last_success_at.map(When::of),
+            last_failure: health.last_failure_at.map(When::of),
+            last_error: health.last_error.clone(),
+            rate_1h: rate(health.success_rate_1h),
+            rate_24h: rate(health.success_rate_24h),
+        }
+    }
 }
 
 /// One row of a delivery log.

@@ -2,7 +2,7 @@
 //! delivery log, and its actions (enable, disable, rotate the secret, test event, recover,
 //! delete).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -10,8 +10,9 @@ use serde::Deserialize;
 use time::format_description::well_known::Rfc3339;
 use time::macros::format_description;
 use time::{OffsetDateTime, PrimitiveDateTime};
-use tocsin_domain::{EventKind, InvalidRetry, RetrySettings};
+use tocsin_domain::{EventKind, InvalidRetry, RetrySettings, Severity, WebhookFilters};
 use tocsin_storage::deliveries::{self, DeliveryFilter};
+use tocsin_storage::health;
 use tocsin_storage::webhooks::{self as repo, Webhook};
 use uuid::Uuid;
 
@@ -19,8 +20,8 @@ use super::deliveries::{delivery_log, LogQuery};
 use super::session::{signed_form, Session};
 use super::templates::{
     event_description, schedule_steps, schedule_text, state_label, ConfirmDeletePage, EventOption,
-    FormErrors, LastDelivery, SecretPage, WebhookFormPage, WebhookFormValues, WebhookListPage,
-    WebhookPage, WebhookRow, WebhookView, When,
+    FormErrors, HealthView, LastDelivery, SecretPage, WebhookFormPage, WebhookFormValues,
+    WebhookListPage, WebhookPage, WebhookRow, WebhookView, When,
 };
 use super::{
     given, notice, query_string, redirect, render, webhook_href, Form, PageError, PagesState,
@@ -29,7 +30,7 @@ use crate::actions;
 use crate::error::{AdminError, OrNotFound};
 use crate::params::page;
 use crate::state::AdminState;
-use crate::validation::{self, FieldError, FieldErrors, WebhookInput};
+use crate::validation::{self, FieldError, FieldErrors, FiltersInput, WebhookInput};
 
 /// Paging and the notice of a redirect.
 #[derive(Debug, Deserialize)]
@@ -55,9 +56,11 @@ pub async fn list(
             .into_iter()
             .map(|d| (d.webhook_id, d))
             .collect();
+    let mut health = health::for_webhooks(&mut conn, &ids).await?;
     let rows = webhooks
         .iter()
         .map(|webhook| WebhookRow {
+            health: HealthView::of(&health.remove(&webhook.id).unwrap_or_default()),
             href: webhook_href(webhook.id),
             name: webhook.name.as_str().to_owned(),
             url: webhook.url.as_str().to_owned(),
@@ -139,6 +142,17 @@ fn form_page(
             checked: values.events.iter().any(|e| e == kind.as_str()),
         })
         .collect();
+    let severity_options = Severity::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, sev)| {
+            (
+                format!("severity-{i}"),
+                sev.as_str(),
+                values.severities.iter().any(|s| s == sev.as_str()),
+            )
+        })
+        .collect();
     let (heading, breadcrumb, action, submit_label, cancel_href) = match kind {
         FormKind::Create => (
             "Create outbound webhook".to_owned(),
@@ -165,14 +179,15 @@ fn form_page(
         values,
         errors,
         event_options,
+        severity_options,
         schedule_steps: schedule_steps(&pages.schedule).join("|"),
         schedule_text: schedule_text(&pages.schedule, max_attempts),
         max_attempts_limit: RetrySettings::MAX_ATTEMPTS,
     }
 }
 
-/// The form's fields as typed, and the refusals of fields that are not even numbers (the rest
-/// is `crate::validation`'s to judge).
+/// The form's fields as typed, and the refusals of fields that are not even numbers or
+/// `key=value` lines (the rest is `crate::validation`'s to judge).
 fn read_webhook_form(form: &Form) -> (WebhookFormValues, Vec<FieldError>) {
     let values = WebhookFormValues {
         name: form.get("name").unwrap_or_default().to_owned(),
@@ -180,6 +195,11 @@ fn read_webhook_form(form: &Form) -> (WebhookFormValues, Vec<FieldError>) {
         events: form.all("events"),
         max_attempts: form.get("max_attempts").unwrap_or_default().to_owned(),
         timeout_ms: form.get("timeout_ms").unwrap_or_default().to_owned(),
+        severities: form.all("severities"),
+        sources: form.get("sources").unwrap_or_default().to_owned(),
+        labels: form.get("labels").unwrap_or_default().to_owned(),
+        headers: form.get("headers").unwrap_or_default().to_owned(),
+        rate_limit: form.get("rate_limit").unwrap_or_default().to_owned(),
     };
     let mut refused = Vec::new();
     for (text, error) in [
@@ -191,7 +211,67 @@ fn read_webhook_form(form: &Form) -> (WebhookFormValues, Vec<FieldError>) {
             refused.push(FieldError::new(error.field(), error));
         }
     }
+    let rate = values.rate_limit.trim();
+    if !rate.is_empty() && rate.parse::<i64>().is_err() {
+        refused.push(FieldError::new(
+            "rate_limit_per_second",
+            "must be a whole number from 1 to 10000, or empty for no limit",
+        ));
+    }
     (values, refused)
+}
+
+/// What the form's subscription fields say, as the API takes them.
+struct SubscriptionFields {
+    severities: Vec<String>,
+    sources: Vec<String>,
+    labels: BTreeMap<String, String>,
+    headers: BTreeMap<String, String>,
+    rate_limit: Option<i64>,
+}
+
+impl SubscriptionFields {
+    /// Reads them, refusing lines that are not `key=value` (labels) or `Name: value`
+    /// (headers).
+    fn read(values: &WebhookFormValues, refused: &mut Vec<FieldError>) -> Self {
+        let pairs = |text: &str, separator: char, field: &str, refused: &mut Vec<FieldError>| {
+            let mut map = BTreeMap::new();
+            for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                match line.split_once(separator) {
+                    Some((key, value)) => {
+                        map.insert(key.trim().to_owned(), value.trim().to_owned());
+                    }
+                    None => refused.push(FieldError::new(
+                        field,
+                        format!("each line must be name{separator}value (got {line:?})"),
+                    )),
+                }
+            }
+            map
+        };
+        SubscriptionFields {
+            severities: values.severities.clone(),
+            sources: values
+                .sources
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            labels: pairs(&values.labels, '=', "filters.labels", refused),
+            headers: pairs(&values.headers, ':', "headers", refused),
+            rate_limit: number(&values.rate_limit),
+        }
+    }
+
+    /// The filters: an empty field is a filter left out.
+    fn filters(&self) -> FiltersInput<'_> {
+        FiltersInput {
+            severities: (!self.severities.is_empty()).then_some(self.severities.as_slice()),
+            sources: (!self.sources.is_empty()).then_some(self.sources.as_slice()),
+            labels: (!self.labels.is_empty()).then_some(&self.labels),
+        }
+    }
 }
 
 fn number(text: &str) -> Option<i64> {
@@ -219,7 +299,8 @@ pub async fn create(
     pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
     let (session, form) = signed_form(&req, payload, &pages).await?;
-    let (values, refused) = read_webhook_form(&form);
+    let (values, mut refused) = read_webhook_form(&form);
+    let fields = SubscriptionFields::read(&values, &mut refused);
     let input = WebhookInput {
         name: Some(&values.name),
         url: Some(&values.url),
@@ -227,6 +308,10 @@ pub async fn create(
         max_attempts: number(&values.max_attempts),
         timeout_ms: number(&values.timeout_ms),
         enabled: Some(true),
+        filters: Some(fields.filters()),
+        headers: Some(&fields.headers),
+        current_headers: None,
+        rate_limit_per_second: Some(fields.rate_limit),
     };
     let validated = validation::new_webhook(&input);
     let record = match validated {
@@ -288,6 +373,10 @@ pub async fn detail(
     let webhook = repo::get_any(&mut conn, *id)
         .await
         .or_not_found("webhook")?;
+    let health = health::for_webhooks(&mut conn, &[webhook.id])
+        .await?
+        .remove(&webhook.id)
+        .unwrap_or_default();
     drop(conn);
     let filter = DeliveryFilter {
         webhook_id: Some(webhook.id),
@@ -322,6 +411,16 @@ pub async fn detail(
             .map(|(_, expires)| *expires)
             .filter(|expires| *expires > now)
             .map(When::of),
+        disabled_reason: webhook.disabled_reason.clone(),
+        disabled_at: webhook.disabled_at.map(When::of),
+        health: HealthView::of(&health),
+        filters: describe_filters(&webhook.filters),
+        header_names: webhook
+            .headers
+            .iter()
+            .map(|(name, _)| name.to_owned())
+            .collect(),
+        rate_limit: webhook.rate_limit.map(|r| r.per_second()),
     };
     let day_ago = now - time::Duration::DAY;
     render(
@@ -336,6 +435,24 @@ pub async fn detail(
                 .unwrap_or_default(),
         },
     )
+}
+
+/// The filters in words, one line each.
+fn describe_filters(filters: &WebhookFilters) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(severities) = &filters.severities {
+        let list: Vec<&str> = severities.iter().map(|s| s.as_str()).collect();
+        lines.push(format!("Severity is {}", list.join(" or ")));
+    }
+    if let Some(sources) = &filters.sources {
+        let list: Vec<&str> = sources.iter().map(String::as_str).collect();
+        lines.push(format!("Format or source is {}", list.join(" or ")));
+    }
+    if let Some(labels) = &filters.labels {
+        let list: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        lines.push(format!("Labels include {}", list.join(", ")));
+    }
+    lines
 }
 
 /// `GET /settings/webhooks/{id}/edit`: the edit form with the current values.
@@ -358,6 +475,27 @@ pub async fn edit_form(
             .collect(),
         max_attempts: webhook.retry.max_attempts().to_string(),
         timeout_ms: webhook.retry.timeout_ms().to_string(),
+        severities: webhook
+            .filters
+            .severities
+            .iter()
+            .flatten()
+            .map(|s| s.as_str().to_owned())
+            .collect(),
+        sources: webhook
+            .filters
+            .sources
+            .iter()
+            .flatten()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", "),
+        labels: lines(webhook.filters.labels.iter().flatten(), "="),
+        headers: lines(webhook.headers.iter(), ": "),
+        rate_limit: webhook
+            .rate_limit
+            .map(|r| r.per_second().to_string())
+            .unwrap_or_default(),
     };
     let kind = FormKind::Edit {
         id: webhook.id,
@@ -367,6 +505,17 @@ pub async fn edit_form(
         StatusCode::OK,
         &form_page(&session, &pages, kind, values, FormErrors::default()),
     )
+}
+
+/// Pairs as the form's text areas hold them, one a line.
+fn lines<K: AsRef<str>, V: AsRef<str>>(
+    pairs: impl Iterator<Item = (K, V)>,
+    separator: &str,
+) -> String {
+    pairs
+        .map(|(k, v)| format!("{}{separator}{}", k.as_ref(), v.as_ref()))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// `POST /settings/webhooks/{id}/edit`: saves the change, or shows the form again (422).
@@ -379,7 +528,11 @@ pub async fn update(
     pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
     let (session, form) = signed_form(&req, payload, &pages).await?;
-    let (values, refused) = read_webhook_form(&form);
+    let (values, mut refused) = read_webhook_form(&form);
+    let fields = SubscriptionFields::read(&values, &mut refused);
+    let mut conn = state.conn().await?;
+    let current = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
+    drop(conn);
     let input = WebhookInput {
         name: Some(&values.name),
         url: Some(&values.url),
@@ -387,12 +540,14 @@ pub async fn update(
         max_attempts: number(&values.max_attempts),
         timeout_ms: number(&values.timeout_ms),
         enabled: None,
+        filters: Some(fields.filters()),
+        headers: Some(&fields.headers),
+        current_headers: Some(&current.headers),
+        rate_limit_per_second: Some(fields.rate_limit),
     };
     let patch = match validation::webhook_patch(&input) {
         Ok(patch) if refused.is_empty() => patch,
         other => {
-            let mut conn = state.conn().await?;
-            let current = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
             let errors = form_errors(refused, other.err());
             let kind = FormKind::Edit {
                 id: current.id,
@@ -493,7 +648,8 @@ pub async fn send_test_event(
     Ok(redirect(&format!("{}?notice=test", webhook_href(*id))))
 }
 
-/// `POST /settings/webhooks/{id}/recover`: retries every failed delivery since a time (UTC).
+/// `POST /settings/webhooks/{id}/recover`: sends what the webhook missed since a time (UTC):
+/// failed deliveries get a manual attempt, those waiting because it was disabled are made due.
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn recover(
     req: HttpRequest,
@@ -505,10 +661,11 @@ pub async fn recover(
     let (_, form) = signed_form(&req, payload, &pages).await?;
     let since = parse_since(form.get("since").unwrap_or_default())
         .map_err(|message| AdminError::invalid("since", message))?;
-    let retried = actions::recover_failed(&state, *id, since).await?;
+    let (retried, sent_waiting) = actions::recover(&state, *id, since).await?;
     Ok(redirect(&format!(
-        "{}?notice=recovered&count={retried}",
-        webhook_href(*id)
+        "{}?notice=recovered&count={}",
+        webhook_href(*id),
+        retried + sent_waiting
     )))
 }
 

@@ -1,12 +1,13 @@
 //! `/api/v1/webhooks`: outbound webhooks, their secrets, test events and bulk
 //! recovery of failed deliveries.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Deserializer, Serialize};
 use time::OffsetDateTime;
-use tocsin_domain::EventKind;
+use tocsin_domain::{EventKind, WebhookFilters, WebhookHeaders};
+use tocsin_storage::health::{self, WebhookHealth};
 use tocsin_storage::webhooks::{self as repo, NewWebhook as NewRecord};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -17,7 +18,7 @@ use crate::params::{page, rfc3339};
 use crate::schema;
 use crate::state::AdminState;
 use crate::store::WebhookPatch;
-use crate::validation::{self, WebhookInput};
+use crate::validation::{self, FiltersInput, WebhookInput};
 
 /// An outbound webhook. Its secret is shown only at creation, by `reveal-secret` and by
 /// `rotate-secret`.
@@ -32,8 +33,24 @@ pub struct Webhook {
     #[schema(value_type = Vec<schema::EventKind>)]
     pub events: BTreeSet<EventKind>,
     pub retry: Retry,
-    /// A disabled webhook receives nothing, and its unfinished deliveries were stopped.
+    /// A disabled webhook makes no request: its unfinished deliveries were stopped, and events
+    /// that come while it is disabled are listed as deliveries `waiting` (`webhook_disabled`),
+    /// sent once it is enabled again and recovered (`POST .../recover`).
     pub enabled: bool,
+    /// Why it is disabled: `disabled by an operator`, or auto-disable's reason with its
+    /// figures; `null` while enabled.
+    pub disabled_reason: Option<String>,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub disabled_at: Option<OffsetDateTime>,
+    pub filters: Filters,
+    /// Headers sent with every delivery; values read as `***`.
+    #[schema(example = json!({"x-team-key": "***"}))]
+    pub headers: BTreeMap<String, String>,
+    /// At most this many automatic attempts a second, across every dispatcher; `null`: no
+    /// limit.
+    #[schema(minimum = 1, maximum = 10000)]
+    pub rate_limit_per_second: Option<u32>,
+    pub health: Health,
     /// Until when the secret before the last rotation still signs beside the current one
     /// (`null` when no rotation is in its grace period).
     #[serde(with = "time::serde::rfc3339::option")]
@@ -44,10 +61,16 @@ pub struct Webhook {
     pub updated_at: OffsetDateTime,
 }
 
-impl From<&repo::Webhook> for Webhook {
-    fn from(webhook: &repo::Webhook) -> Self {
+impl Webhook {
+    pub fn new(webhook: &repo::Webhook, health: WebhookHealth) -> Self {
         let now = OffsetDateTime::now_utc();
         Webhook {
+            disabled_reason: webhook.disabled_reason.clone(),
+            disabled_at: webhook.disabled_at,
+            filters: Filters::from(&webhook.filters),
+            headers: webhook.headers.masked(),
+            rate_limit_per_second: webhook.rate_limit.map(|r| r.per_second()),
+            health: health.into(),
             id: webhook.id,
             name: webhook.name.as_str().to_owned(),
             url: webhook.url.as_str().to_owned(),
@@ -64,6 +87,104 @@ impl From<&repo::Webhook> for Webhook {
                 .filter(|expires_at| *expires_at > now),
             created_at: webhook.created_at,
             updated_at: webhook.updated_at,
+        }
+    }
+}
+
+/// Loads the health of `webhooks` (one query) and makes their API views.
+pub async fn views(
+    state: &AdminState,
+    webhooks: &[repo::Webhook],
+) -> Result<Vec<Webhook>, AdminError> {
+    let ids: Vec<Uuid> = webhooks.iter().map(|w| w.id).collect();
+    let mut conn = state.conn().await?;
+    let mut health = health::for_webhooks(&mut conn, &ids).await?;
+    Ok(webhooks
+        .iter()
+        .map(|w| Webhook::new(w, health.remove(&w.id).unwrap_or_default()))
+        .collect())
+}
+
+async fn view(state: &AdminState, webhook: &repo::Webhook) -> Result<Webhook, AdminError> {
+    Ok(views(state, std::slice::from_ref(webhook)).await?.remove(0))
+}
+
+/// Which of the events it subscribes to a webhook receives. A filter left out lets every
+/// event through; each given must match: the incident's severity is listed; its alert format
+/// (`alertmanager`, `grafana`, `pagerduty`, `generic`) or source name is listed; it carries
+/// every label pair listed (the labels of the alert that opened it). Test events ignore
+/// filters.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Filters {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<schema::Severity>>, min_items = 1, max_items = 50, example = json!(["SEV1", "SEV2"]))]
+    pub severities: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_items = 1, max_items = 50, example = json!(["alertmanager"]))]
+    pub sources: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = json!({"team": "db"}))]
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+impl From<&WebhookFilters> for Filters {
+    fn from(filters: &WebhookFilters) -> Self {
+        Filters {
+            severities: filters
+                .severities
+                .as_ref()
+                .map(|set| set.iter().map(|s| s.as_str().to_owned()).collect()),
+            sources: filters
+                .sources
+                .as_ref()
+                .map(|set| set.iter().cloned().collect()),
+            labels: filters.labels.clone(),
+        }
+    }
+}
+
+impl Filters {
+    fn input(&self) -> FiltersInput<'_> {
+        FiltersInput {
+            severities: self.severities.as_deref(),
+            sources: self.sources.as_deref(),
+            labels: self.labels.as_ref(),
+        }
+    }
+}
+
+/// How a webhook's target has been answering, from every recorded attempt (interrupted ones,
+/// which are the dispatcher's doing, do not count).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// Failed attempts since the last successful one.
+    pub consecutive_failures: i32,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub last_success_at: Option<OffsetDateTime>,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub last_failure_at: Option<OffsetDateTime>,
+    /// The last failure's error kind and detail.
+    #[schema(example = "http_status: the target answered 500")]
+    pub last_error: Option<String>,
+    /// Successful attempts over all attempts in the last hour (five-minute buckets); `null`
+    /// without any attempt.
+    #[schema(minimum = 0, maximum = 1)]
+    pub success_rate_1h: Option<f64>,
+    /// The same over the last 24 hours.
+    #[schema(minimum = 0, maximum = 1)]
+    pub success_rate_24h: Option<f64>,
+}
+
+impl From<WebhookHealth> for Health {
+    fn from(h: WebhookHealth) -> Self {
+        Health {
+            consecutive_failures: h.consecutive_failures,
+            last_success_at: h.last_success_at,
+            last_failure_at: h.last_failure_at,
+            last_error: h.last_error,
+            success_rate_1h: h.success_rate_1h,
+            success_rate_24h: h.success_rate_24h,
         }
     }
 }
@@ -88,12 +209,12 @@ pub struct WebhookWithSecret {
     pub secret: String,
 }
 
-impl From<&repo::Webhook> for WebhookWithSecret {
-    fn from(webhook: &repo::Webhook) -> Self {
-        WebhookWithSecret {
-            webhook: webhook.into(),
+impl WebhookWithSecret {
+    async fn load(state: &AdminState, webhook: &repo::Webhook) -> Result<Self, AdminError> {
+        Ok(WebhookWithSecret {
+            webhook: view(state, webhook).await?,
             secret: webhook.secret.expose().to_owned(),
-        }
+        })
     }
 }
 
@@ -125,6 +246,19 @@ pub struct NewWebhook {
     #[serde(default)]
     #[schema(default = true)]
     pub enabled: Option<bool>,
+    /// Default: none (every event it subscribes to).
+    #[serde(default)]
+    pub filters: Option<Filters>,
+    /// Sent with every delivery. Names are HTTP header names (kept in lower case), at most 20;
+    /// `content-type`, `content-length`, `host`, `user-agent`, `webhook-*` and `tocsin-*` are
+    /// reserved. Values: printable ASCII, at most 1000 characters.
+    #[serde(default)]
+    #[schema(example = json!({"X-Team-Key": "k1"}))]
+    pub headers: Option<BTreeMap<String, String>>,
+    /// 1 to 10000; default `null`, no limit.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 10000)]
+    pub rate_limit_per_second: Option<i64>,
 }
 
 /// Retry settings in a request; a field left out takes its default at creation and keeps its
@@ -194,9 +328,21 @@ pub struct WebhookChange {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = bool)]
     pub enabled: Option<bool>,
+    /// Replaces the filters; `{}` removes them.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Filters)]
+    pub filters: Option<Filters>,
+    /// Replaces the headers; a value given as `***` keeps the value that header has.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = BTreeMap<String, String>)]
+    pub headers: Option<BTreeMap<String, String>>,
+    /// `null` removes the limit.
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<i64>, minimum = 1, maximum = 10000)]
+    pub rate_limit_per_second: Option<Option<i64>>,
 }
 
-/// Bulk recovery: retry the failed deliveries created since a time.
+/// Bulk recovery: send what the webhook missed since a time.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Recover {
@@ -208,7 +354,11 @@ pub struct Recover {
 /// How many deliveries a bulk recovery enqueued.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Recovered {
+    /// Failed deliveries given one manual attempt each.
     pub retried: usize,
+    /// Deliveries that waited because the webhook was disabled when their events came, now
+    /// due (their automatic attempts follow the retry schedule).
+    pub sent_waiting: usize,
 }
 
 /// The test event recorded for a webhook.
@@ -233,6 +383,13 @@ pub struct ListQuery {
     pub cursor: Option<String>,
 }
 
+/// A field that may be left out, given, or `null` (`Some(None)`).
+fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
 /// A field that may be left out but, when given, must not be `null`.
 fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
     T::deserialize(d).map(Some)
@@ -248,12 +405,19 @@ impl NewWebhook {
             max_attempts: retry.and_then(|r| r.max_attempts),
             timeout_ms: retry.and_then(|r| r.timeout_ms),
             enabled: self.enabled,
+            filters: self.filters.as_ref().map(Filters::input),
+            headers: self.headers.as_ref(),
+            current_headers: None,
+            rate_limit_per_second: self.rate_limit_per_second.map(Some),
         })?)
     }
 }
 
 impl WebhookChange {
-    fn validate(&self) -> Result<WebhookPatch, AdminError> {
+    fn validate(
+        &self,
+        current_headers: Option<&WebhookHeaders>,
+    ) -> Result<WebhookPatch, AdminError> {
         let retry = self.retry.as_ref();
         Ok(validation::webhook_patch(&WebhookInput {
             name: self.name.as_deref(),
@@ -262,6 +426,10 @@ impl WebhookChange {
             max_attempts: retry.and_then(|r| r.max_attempts),
             timeout_ms: retry.and_then(|r| r.timeout_ms),
             enabled: self.enabled,
+            filters: self.filters.as_ref().map(Filters::input),
+            headers: self.headers.as_ref(),
+            current_headers,
+            rate_limit_per_second: self.rate_limit_per_second,
         })?)
     }
 }
@@ -290,7 +458,7 @@ pub async fn create(
     let new: NewWebhook = state.json(&req, payload).await?;
     let record = new.validate()?;
     let webhook = actions::create_webhook(&state, &record).await?;
-    Ok(HttpResponse::Created().json(WebhookWithSecret::from(&webhook)))
+    Ok(HttpResponse::Created().json(WebhookWithSecret::load(&state, &webhook).await?))
 }
 
 /// Lists webhooks, newest first (deleted ones are not listed).
@@ -313,8 +481,9 @@ pub async fn list(
     let page = page(query.limit.as_deref(), query.cursor.as_deref())?;
     let mut conn = state.conn().await?;
     let (webhooks, next) = repo::list(&mut conn, &page).await?;
+    drop(conn);
     Ok(HttpResponse::Ok().json(WebhookList {
-        items: webhooks.iter().map(Webhook::from).collect(),
+        items: views(&state, &webhooks).await?,
         next_cursor: next.map(|c| c.encode()),
     }))
 }
@@ -338,7 +507,8 @@ pub async fn get(
 ) -> Result<HttpResponse, AdminError> {
     let mut conn = state.conn().await?;
     let webhook = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
-    Ok(HttpResponse::Ok().json(Webhook::from(&webhook)))
+    drop(conn);
+    Ok(HttpResponse::Ok().json(view(&state, &webhook).await?))
 }
 
 /// Changes any of a webhook's fields. Disabling it stops its unfinished deliveries.
@@ -366,9 +536,22 @@ pub async fn update(
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, AdminError> {
     let change: WebhookChange = state.json(&req, payload).await?;
-    let patch = change.validate()?;
+    let current = match change.headers {
+        // Masked values keep the stored ones.
+        Some(_) => {
+            let mut conn = state.conn().await?;
+            Some(
+                repo::get(&mut conn, *id)
+                    .await
+                    .or_not_found("webhook")?
+                    .headers,
+            )
+        }
+        None => None,
+    };
+    let patch = change.validate(current.as_ref())?;
     let webhook = actions::update_webhook(&state, *id, &patch).await?;
-    Ok(HttpResponse::Ok().json(Webhook::from(&webhook)))
+    Ok(HttpResponse::Ok().json(view(&state, &webhook).await?))
 }
 
 /// Deletes a webhook: it receives nothing more and its pending retries stop; its delivery log
@@ -413,7 +596,8 @@ pub async fn reveal_secret(
     let mut conn = state.conn().await?;
     let webhook = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
     tracing::info!(webhook = %webhook.id, "webhook secret revealed");
-    Ok(HttpResponse::Ok().json(WebhookWithSecret::from(&webhook)))
+    drop(conn);
+    Ok(HttpResponse::Ok().json(WebhookWithSecret::load(&state, &webhook).await?))
 }
 
 /// Issues a new signing secret. The old one keeps signing beside it for the grace period
@@ -435,7 +619,7 @@ pub async fn rotate_secret(
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, AdminError> {
     let webhook = actions::rotate_secret(&state, *id).await?;
-    Ok(HttpResponse::Ok().json(WebhookWithSecret::from(&webhook)))
+    Ok(HttpResponse::Ok().json(WebhookWithSecret::load(&state, &webhook).await?))
 }
 
 /// Sends a sample `incidents.opened` event (title "Tocsin test event", SEV5) to this webhook
@@ -465,8 +649,9 @@ pub async fn send_test_event(
     }))
 }
 
-/// Retries every failed delivery of the webhook created since `since`: one immediate manual
-/// attempt each, as from the delivery log.
+/// Sends what the webhook missed since `since`: every failed delivery created since then gets
+/// one immediate manual attempt, as from the delivery log, and every delivery waiting because
+/// the webhook was disabled when its event came is made due now. The webhook must be enabled.
 #[utoipa::path(
     post,
     path = "/api/v1/webhooks/{id}/recover",
@@ -493,8 +678,11 @@ pub async fn recover(
 ) -> Result<HttpResponse, AdminError> {
     let body: Recover = state.json(&req, payload).await?;
     let since = rfc3339(&body.since).map_err(|e| AdminError::invalid("since", e))?;
-    let retried = actions::recover_failed(&state, *id, since).await?;
-    Ok(HttpResponse::Accepted().json(Recovered { retried }))
+    let (retried, sent_waiting) = actions::recover(&state, *id, since).await?;
+    Ok(HttpResponse::Accepted().json(Recovered {
+        retried,
+        sent_waiting,
+    }))
 }
 
 #[cfg(test)]
@@ -516,6 +704,9 @@ mod tests {
             events: events.iter().map(|e| (*e).to_owned()).collect(),
             retry: None,
             enabled: None,
+            filters: None,
+            headers: None,
+            rate_limit_per_second: None,
         }
     }
 
@@ -564,7 +755,7 @@ mod tests {
         assert!(parsed.is_err());
         let parsed: WebhookChange =
             serde_json::from_str(r#"{"retry": {"timeout_ms": 2000}}"#).unwrap();
-        let patch = parsed.validate().unwrap();
+        let patch = parsed.validate(None).unwrap();
         assert_eq!((patch.max_attempts, patch.timeout_ms), (None, Some(2000)));
     }
 }

@@ -283,6 +283,7 @@ fn signal(key: &str) -> AlertSignal {
         description: None,
         source: Some("test".into()),
         reply_key: None,
+        labels: Default::default(),
     }
 }
 
@@ -467,9 +468,24 @@ async fn webhooks_are_created_read_changed_and_deleted() {
             "previous_secret_expires_at",
             "created_at",
             "updated_at",
+            "disabled_reason",
+            "disabled_at",
+            "filters",
+            "headers",
+            "rate_limit_per_second",
+            "health",
             "secret"
         ])
     );
+    assert_eq!(created["filters"], json!({}));
+    assert_eq!(created["headers"], json!({}));
+    assert_eq!(created["rate_limit_per_second"], Value::Null);
+    assert_eq!(
+        created["health"],
+        json!({"consecutive_failures": 0, "last_success_at": null, "last_failure_at": null,
+               "last_error": null, "success_rate_1h": null, "success_rate_24h": null})
+    );
+    assert_eq!(created["disabled_reason"], Value::Null);
     assert_eq!(created["name"], "ops pager");
     assert_eq!(created["url"], "https://hooks.example.com/tocsin?team=ops");
     assert_eq!(
@@ -528,6 +544,8 @@ async fn webhooks_are_created_read_changed_and_deleted() {
         json!({"max_attempts": 2, "timeout_ms": 2000})
     );
     assert_eq!(changed["enabled"], false);
+    assert_eq!(changed["disabled_reason"], "disabled by an operator");
+    assert!(changed["disabled_at"].is_string());
     assert_eq!(changed["url"], "http://10.0.0.7:9000/hook");
     assert!(changed.get("secret").is_none());
 
@@ -1187,7 +1205,7 @@ async fn bulk_recovery_retries_the_failed_deliveries_since_a_time() {
         )
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    assert_eq!(body, json!({"retried": 2}));
+    assert_eq!(body, json!({"retried": 2, "sent_waiting": 0}));
     let rows = admin.manual_retry_outbox_rows().await;
     let retried: BTreeSet<String> = rows
         .iter()

@@ -252,6 +252,7 @@ async fn seed_incident(conn: &mut AsyncPgConnection) -> Uuid {
         description: None,
         source: Some("test".into()),
         reply_key: None,
+        labels: Default::default(),
     };
     let outcomes = tocsin_testkit::apply_signals(conn, &[signal], outbox::Wake::Listeners)
         .await

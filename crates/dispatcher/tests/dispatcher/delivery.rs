@@ -100,7 +100,12 @@ async fn subscribed_webhooks_receive_each_event_and_others_none() {
     .await;
     assert_eq!(opened_only.count(), 1);
     assert_eq!(resolved_only.count(), 1);
-    assert!(harness.deliveries(disabled.id).await.is_empty());
+    // The disabled webhook's deliveries are listed, waiting, and make no request.
+    let waiting = harness.deliveries(disabled.id).await;
+    assert_eq!(waiting.len(), 3);
+    assert!(waiting.iter().all(|d| d.state == DeliveryState::Waiting
+        && d.wait_reason == Some(WaitReason::WebhookDisabled)
+        && d.attempt_count == 0));
     harness.stop().await;
 }
 

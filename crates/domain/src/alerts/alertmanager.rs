@@ -42,6 +42,7 @@ pub(super) fn parse(value: Value) -> Result<Vec<AlertSignal>, AlertError> {
         severity: group.severity(),
         source: super::source(group.external_url),
         reply_key: None,
+        labels: group.labels(),
     }])
 }
 
@@ -164,6 +165,16 @@ impl<'a> Group<'a> {
         } else {
             super::title(&format!("{name} ({})", labels.join(", ")), field)
         }
+    }
+
+    /// The labels an incident opened by this group keeps: `commonLabels`, else `groupLabels`.
+    pub(super) fn labels(&self) -> BTreeMap<String, String> {
+        let chosen = if self.common_labels.is_empty() {
+            &self.group_labels
+        } else {
+            &self.common_labels
+        };
+        super::labels(chosen.iter().map(|(k, v)| (*k, (*v).to_owned())))
     }
 
     /// The incident description, first present of: `commonAnnotations.description`; `extra`

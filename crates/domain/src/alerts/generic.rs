@@ -42,8 +42,7 @@ pub(super) fn parse(value: Value) -> Result<Vec<AlertSignal>, AlertError> {
             )
         })?,
     };
-    // Labels are validated so a sender learns about a bad one now; they are not stored yet.
-    body.string_map("labels")?;
+    let labels = body.string_map("labels")?;
     Ok(vec![AlertSignal {
         dedup_key: super::dedup_key(AlertFormat::Generic, &[key]),
         action,
@@ -52,6 +51,7 @@ pub(super) fn parse(value: Value) -> Result<Vec<AlertSignal>, AlertError> {
         description: super::description(body.string("description")?),
         source: super::source(body.string("source")?),
         reply_key: None,
+        labels: super::labels(labels.into_iter().map(|(k, v)| (k, v.to_owned()))),
     }])
 }
 

@@ -43,6 +43,7 @@ pub(super) fn parse(value: Value) -> Result<Vec<AlertSignal>, AlertError> {
         severity: group.severity(),
         source: super::source(group.external_url),
         reply_key: None,
+        labels: group.labels(),
     }])
 }
 

@@ -94,6 +94,10 @@ pub struct AlertSignal {
     /// The key as the sender should use it again: for PagerDuty, the `dedup_key` that was sent
     /// or generated, returned in the response.
     pub reply_key: Option<String>,
+    /// The alert's labels, which an incident it opens keeps (for subscription filters):
+    /// Alertmanager's and Grafana's `commonLabels` (else `groupLabels`), PagerDuty's scalar
+    /// `custom_details`, the generic format's `labels`. See [`labels`] for the bounds.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// The parsed body: its format and the signals it carries (at least one).
@@ -239,6 +243,21 @@ fn truncate_chars(text: &str, max: usize) -> String {
 fn description(text: Option<&str>) -> Option<String> {
     let text = text?.trim();
     (!text.is_empty()).then(|| truncate_chars(text, MAX_DESCRIPTION_CHARS))
+}
+
+/// Most labels kept; the rest (in key order) are dropped.
+const MAX_LABELS: usize = 64;
+
+/// Labels as an incident keeps them: at most 64, keys and values cut to 255 characters, NUL
+/// dropped; empty keys are dropped.
+fn labels<'a>(pairs: impl IntoIterator<Item = (&'a str, String)>) -> BTreeMap<String, String> {
+    let clean = |text: &str| truncate_chars(&text.replace('\0', ""), MAX_SOURCE_CHARS);
+    pairs
+        .into_iter()
+        .filter(|(key, _)| !key.trim().is_empty())
+        .map(|(key, value)| (clean(key), clean(&value)))
+        .take(MAX_LABELS)
+        .collect()
 }
 
 /// A source: trimmed, `None` when empty, cut to 255 characters.
@@ -396,6 +415,48 @@ mod tests {
             AlertFormat::Generic,
         ),
     ];
+
+    #[test]
+    fn every_format_gives_the_labels_an_incident_keeps() {
+        let labels_of = |index: usize| {
+            let parsed = parse(FIXTURES[index].0.as_bytes(), None).unwrap();
+            parsed.signals[0]
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        // Alertmanager and Grafana: commonLabels; PagerDuty: scalar custom_details; generic: labels.
+        assert_eq!(
+            labels_of(0),
+            "alertname=HighLatency,service=api,severity=critical"
+        );
+        assert_eq!(
+            labels_of(2),
+            "alertname=High memory usage,grafana_folder=Infrastructure,severity=critical,team=checkout"
+        );
+        assert_eq!(
+            labels_of(4),
+            "lag_seconds=94,primary=checkout-db-1,replica=checkout-db-2"
+        );
+        assert_eq!(labels_of(7), "env=prod,job=backup-nightly,team=platform");
+        // Bounded: 64 at most, long keys and values cut, empty keys dropped.
+        let many: Vec<(&str, String)> = (0..100)
+            .map(|i| (if i == 0 { " " } else { "k" }, format!("{i}")))
+            .collect();
+        assert_eq!(labels(many).len(), 1);
+        let long = "x".repeat(300);
+        let cut = labels([(long.as_str(), long.clone())]);
+        let (key, value) = cut.iter().next().unwrap();
+        assert_eq!((key.chars().count(), value.chars().count()), (255, 255));
+        let pairs: Vec<(String, String)> =
+            (0..100).map(|i| (format!("k{i:03}"), "v".into())).collect();
+        assert_eq!(
+            labels(pairs.iter().map(|(k, v)| (k.as_str(), v.clone()))).len(),
+            MAX_LABELS
+        );
+    }
 
     #[test]
     fn detection_picks_the_format_of_every_fixture() {

@@ -72,6 +72,7 @@ pub(super) fn parse(value: Value) -> Result<Vec<AlertSignal>, AlertError> {
             description: description(full_summary, &payload, client, client_url)?,
             source: super::source(Some(source)),
             reply_key: Some(key),
+            labels: custom_details_labels(&payload),
         }
     } else {
         let Some(key) = sent_key else {
@@ -110,9 +111,24 @@ pub(super) fn parse(value: Value) -> Result<Vec<AlertSignal>, AlertError> {
             description,
             source,
             reply_key: Some(key.to_owned()),
+            // Only a trigger opens an incident, and only an opened incident keeps labels.
+            labels: Default::default(),
         }
     };
     Ok(vec![signal])
+}
+
+/// The scalar entries of `payload.custom_details` (strings as they are, numbers and booleans
+/// as JSON writes them), as the labels an incident keeps; other entries are left out.
+fn custom_details_labels(payload: &Object<'_>) -> std::collections::BTreeMap<String, String> {
+    let Some(Value::Object(details)) = payload.get("custom_details") else {
+        return Default::default();
+    };
+    super::labels(details.iter().filter_map(|(key, value)| match value {
+        Value::String(text) => Some((key.as_str(), text.clone())),
+        Value::Number(_) | Value::Bool(_) => Some((key.as_str(), value.to_string())),
+        _ => None,
+    }))
 }
 
 /// The four severities of the Events API, case-insensitively.

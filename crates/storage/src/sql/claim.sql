@@ -11,40 +11,82 @@
 -- lease: `attempting_until` (and `next_attempt_at`) is now plus the webhook's timeout plus $4
 -- ms; if its outcome is not recorded by then, the sweeper records it as interrupted.
 --
+-- A rate-limited webhook's automatic attempts also spend its budget (`webhook_rate_budgets`,
+-- locked in webhook order): the k-th in this statement gets the slot at the budget's next
+-- free time (now, if that has passed) plus (k - 1) / rate, and is admitted while its slot is
+-- at most 1 - 1/rate seconds ahead (a bucket of `rate` attempts: up to `rate` start at once
+-- after an idle spell, then one every 1/rate seconds); the budget moves past the last slot
+-- admitted. One not admitted waits, `rate_limited`, until its slot is admissible
+-- (`next_attempt_at`); the waiting pass takes it then.
+--
 -- A manual attempt is admitted for an enabled, undeleted webhook's delivery unless it has
--- succeeded; it moves neither the automatic attempt count nor the schedule.
+-- succeeded; it moves neither the automatic attempt count nor the schedule, nor the budget.
+--
+-- The guards read the delivery rows as locked (their latest versions), never an older
+-- snapshot of them.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::int4[]) AS v(id, trigger, expected)
 ), locked AS (
-    SELECT d.id FROM deliveries d JOIN input v ON v.id = d.id ORDER BY d.id FOR UPDATE OF d
+    SELECT d.id, d.webhook_id, d.state, d.attempting_until, d.auto_attempts, d.next_attempt_at
+    FROM deliveries d JOIN input v ON v.id = d.id ORDER BY d.id FOR UPDATE OF d
+), eligible AS (
+    SELECT l.id, l.webhook_id, v.trigger, w.timeout_ms,
+        CASE WHEN v.trigger = 'automatic' THEN w.rate_limit_per_second END AS rate
+    FROM locked l JOIN input v ON v.id = l.id JOIN webhooks w ON w.id = l.webhook_id
+    WHERE w.deleted_at IS NULL AND w.enabled
+        AND CASE v.trigger
+            WHEN 'automatic' THEN
+                l.state IN ('pending', 'waiting', 'retrying')
+                AND l.attempting_until IS NULL
+                AND l.auto_attempts = v.expected
+                AND l.auto_attempts < least(w.max_attempts, $5)
+                AND l.next_attempt_at <= now() + $6 * interval '1 millisecond'
+            ELSE l.state <> 'succeeded'
+        END
+), budget AS (
+    SELECT b.webhook_id, greatest(b.next_free_at, now()) AS free_at
+    FROM webhook_rate_budgets b
+    WHERE b.webhook_id IN (SELECT e.webhook_id FROM eligible e WHERE e.rate IS NOT NULL)
+    ORDER BY b.webhook_id FOR UPDATE
+), slotted AS (
+    SELECT e.*, b.free_at + (row_number() OVER (
+            PARTITION BY e.webhook_id, e.rate IS NOT NULL ORDER BY e.id) - 1)
+            * interval '1 second' / e.rate AS slot
+    FROM eligible e LEFT JOIN budget b ON b.webhook_id = e.webhook_id AND e.rate IS NOT NULL
+), judged AS (
+    SELECT s.*, coalesce(s.slot <= now() + s.burst, true) AS admitted
+    FROM (SELECT s.*, interval '1 second' - interval '1 second' / s.rate AS burst
+          FROM slotted s) s
+), spent AS (
+    UPDATE webhook_rate_budgets b SET
+        next_free_at = x.last_slot + interval '1 second' / x.rate
+    FROM (SELECT j.webhook_id, max(j.slot) AS last_slot, min(j.rate) AS rate
+          FROM judged j WHERE j.admitted AND j.slot IS NOT NULL GROUP BY j.webhook_id) x
+    WHERE b.webhook_id = x.webhook_id
+), limited AS (
+    UPDATE deliveries AS d SET
+        state = 'waiting', wait_reason = 'rate_limited',
+        next_attempt_at = j.slot - j.burst, updated_at = now()
+    FROM judged j
+    WHERE d.id = j.id AND NOT j.admitted
 ), claimed AS (
     UPDATE deliveries AS d SET
         attempt_count = d.attempt_count + 1,
-        auto_attempts = d.auto_attempts + CASE WHEN v.trigger = 'automatic' THEN 1 ELSE 0 END,
+        auto_attempts = d.auto_attempts + CASE WHEN j.trigger = 'automatic' THEN 1 ELSE 0 END,
         state = CASE
-            WHEN v.trigger = 'automatic' AND d.state = 'waiting' AND d.auto_attempts = 0 THEN 'pending'
-            WHEN v.trigger = 'automatic' AND d.state = 'waiting' THEN 'retrying'
+            WHEN j.trigger = 'automatic' AND d.state = 'waiting' AND d.auto_attempts = 0 THEN 'pending'
+            WHEN j.trigger = 'automatic' AND d.state = 'waiting' THEN 'retrying'
             ELSE d.state END,
-        wait_reason = CASE WHEN v.trigger = 'automatic' THEN NULL ELSE d.wait_reason END,
-        attempting_until = CASE WHEN v.trigger = 'automatic'
-            THEN now() + (w.timeout_ms + $4) * interval '1 millisecond'
+        wait_reason = CASE WHEN j.trigger = 'automatic' THEN NULL ELSE d.wait_reason END,
+        attempting_until = CASE WHEN j.trigger = 'automatic'
+            THEN now() + (j.timeout_ms + $4) * interval '1 millisecond'
             ELSE d.attempting_until END,
-        next_attempt_at = CASE WHEN v.trigger = 'automatic'
-            THEN now() + (w.timeout_ms + $4) * interval '1 millisecond'
+        next_attempt_at = CASE WHEN j.trigger = 'automatic'
+            THEN now() + (j.timeout_ms + $4) * interval '1 millisecond'
             ELSE d.next_attempt_at END,
         updated_at = now()
-    FROM input v, locked l, webhooks w
-    WHERE d.id = v.id AND l.id = d.id AND w.id = d.webhook_id
-        AND w.deleted_at IS NULL AND w.enabled
-        AND CASE v.trigger
-            WHEN 'automatic' THEN
-                d.state IN ('pending', 'waiting', 'retrying')
-                AND d.attempting_until IS NULL
-                AND d.auto_attempts = v.expected
-                AND d.auto_attempts < least(w.max_attempts, $5)
-                AND d.next_attempt_at <= now() + $6 * interval '1 millisecond'
-            ELSE d.state <> 'succeeded'
-        END
+    FROM judged j
+    WHERE d.id = j.id AND j.admitted
     RETURNING d.id, d.attempt_count, d.auto_attempts
 ), logged AS (
     INSERT INTO attempts (delivery_id, number, trigger, started_at, request_headers)

@@ -1,31 +1,46 @@
 -- Fan-out of the events in $1..$4 (ids, kinds, incident ids, test webhook ids): one delivery
--- per (event, target), where the targets are every enabled, undeleted webhook subscribed to
--- the event's kind, or for a test event its one undeleted webhook. Idempotent: a pair that has
--- its delivery already gets none (a redelivered event creates nothing twice). Rows are inserted
--- in key order, so that concurrent fan-outs wait for each other's rows in one order. New ids
--- are UUIDv7s (a millisecond timestamp, then random bits), like those made in Rust.
+-- per (event, target), where the targets are every undeleted webhook subscribed to the
+-- event's kind whose filters let it through (`webhook_filters_accept`: the severity of the
+-- event's incident, its alert format or source, its labels), or for a test event its one
+-- undeleted webhook. Idempotent: a pair that has its delivery already gets none (a
+-- redelivered event creates nothing twice). Rows are inserted in key order, so that
+-- concurrent fan-outs wait for each other's rows in one order. New ids are UUIDv7s (a
+-- millisecond timestamp, then random bits), like those made in Rust.
 --
--- The fanning dispatcher has room for $8[i] more attempts to webhook $5[i] (any other: no
--- limit): a delivery beyond its webhook's room starts `waiting`. When $6 is true, every other
--- delivery starts with its first attempt claimed, as `sql/claim.sql` claims one: counted,
--- leased for twice the webhook's timeout (time to wait for a slot, then to make the request)
--- plus $7 ms, and logged with no outcome yet, in this same statement; the fanning dispatcher
--- makes them. Otherwise they start `pending`.
+-- A delivery to a disabled webhook starts `waiting` (`webhook_disabled`): listed, and sent
+-- only when an operator recovers it. The fanning dispatcher has room for $8[i] more attempts
+-- to webhook $5[i] (any other: no limit): a delivery beyond its webhook's room starts
+-- `waiting` (`webhook_busy`). When $6 is true, every other delivery, but those of a
+-- rate-limited webhook (their claims go through its budget, `sql/claim.sql`), starts with its
+-- first attempt claimed, as `sql/claim.sql` claims one: counted, leased for twice the
+-- webhook's timeout (time to wait for a slot, then to make the request) plus $7 ms, and
+-- logged with no outcome yet, in this same statement; the fanning dispatcher makes them.
+-- Otherwise they start `pending`.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::uuid[])
         AS v(event_id, kind, incident_id, test_webhook_id)
 ), subscribed AS (
-    SELECT v.event_id, v.kind, v.incident_id, w.id AS webhook_id, w.timeout_ms
+    SELECT v.event_id, v.kind, v.incident_id, w.id AS webhook_id, w.timeout_ms, w.enabled,
+        w.rate_limit_per_second IS NOT NULL AS limited
     FROM input v JOIN webhooks w
-        ON w.deleted_at IS NULL AND w.enabled AND w.events @> ARRAY[v.kind]
+        ON w.deleted_at IS NULL AND w.events @> ARRAY[v.kind]
     WHERE v.test_webhook_id IS NULL
+        AND (w.filters = '{}'::jsonb OR (
+            SELECT webhook_filters_accept(w.filters, e.body::jsonb #>> '{data,severity}',
+                i.dedup_key, i.source, i.labels)
+            FROM events e LEFT JOIN incidents i ON i.id = e.incident_id
+            WHERE e.id = v.event_id))
     UNION ALL
-    SELECT v.event_id, v.kind, v.incident_id, w.id, w.timeout_ms
+    SELECT v.event_id, v.kind, v.incident_id, w.id, w.timeout_ms, w.enabled,
+        w.rate_limit_per_second IS NOT NULL
     FROM input v JOIN webhooks w ON w.id = v.test_webhook_id AND w.deleted_at IS NULL
 ), targets AS (
     SELECT s.*,
-        row_number() OVER (PARTITION BY s.webhook_id ORDER BY s.event_id)
-            > coalesce(r.room, 9223372036854775807) AS busy
+        s.enabled AND row_number() OVER (PARTITION BY s.webhook_id ORDER BY s.event_id)
+            > coalesce(r.room, 9223372036854775807) AS busy,
+        $6 AND s.enabled AND NOT s.limited AND row_number() OVER (
+            PARTITION BY s.webhook_id ORDER BY s.event_id)
+            <= coalesce(r.room, 9223372036854775807) AS claim
     FROM subscribed s LEFT JOIN unnest($5::uuid[], $8::int8[]) AS r(webhook_id, room)
         ON r.webhook_id = s.webhook_id
 ), created AS (
@@ -37,13 +52,13 @@ WITH input AS (
             PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
             FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid,
         t.webhook_id, t.event_id, t.kind, t.incident_id,
-        CASE WHEN t.busy THEN 'waiting' ELSE 'pending' END,
-        CASE WHEN t.busy THEN 'webhook_busy' END,
-        CASE WHEN $6 AND NOT t.busy THEN 1 ELSE 0 END,
-        CASE WHEN $6 AND NOT t.busy THEN 1 ELSE 0 END,
-        CASE WHEN $6 AND NOT t.busy
+        CASE WHEN NOT t.enabled OR t.busy THEN 'waiting' ELSE 'pending' END,
+        CASE WHEN NOT t.enabled THEN 'webhook_disabled' WHEN t.busy THEN 'webhook_busy' END,
+        CASE WHEN t.claim THEN 1 ELSE 0 END,
+        CASE WHEN t.claim THEN 1 ELSE 0 END,
+        CASE WHEN t.claim
             THEN now() + (2 * t.timeout_ms + $7) * interval '1 millisecond' END,
-        CASE WHEN $6 AND NOT t.busy
+        CASE WHEN t.claim
             THEN now() + (2 * t.timeout_ms + $7) * interval '1 millisecond' ELSE now() END,
         now(), now()
     FROM targets t

@@ -1,16 +1,21 @@
--- Waiting deliveries to try now, oldest first per webhook: for each webhook at most the room
--- the caller has for it ($1 webhook ids, $2 room; $3 for any other webhook), at most $4 in
--- all. Webhooks are walked one by one through the partial index of waiting rows, so a large
--- backlog waiting for one busy webhook costs the others nothing.
+-- Waiting deliveries to try now, oldest first per webhook: those waiting for a slot
+-- (`webhook_busy`), and those waiting for their webhook's rate limit (`rate_limited`) whose
+-- time has come; for each enabled webhook at most the room the caller has for it ($1 webhook
+-- ids, $2 room; $3 for any other webhook), at most $4 in all. Webhooks are walked one by one
+-- through the partial index of waiting rows, so a large backlog waiting for one webhook costs
+-- the others nothing; deliveries waiting for a disabled webhook are not read at all.
 SELECT d.id AS delivery_id, d.webhook_id, d.auto_attempts
 FROM webhooks w CROSS JOIN LATERAL (
     SELECT d.id, d.webhook_id, d.auto_attempts, d.created_at FROM deliveries d
     WHERE d.webhook_id = w.id AND d.state = 'waiting'
+        AND (d.wait_reason = 'webhook_busy'
+            OR (d.wait_reason = 'rate_limited' AND d.next_attempt_at <= now()))
     ORDER BY d.created_at, d.id
     LIMIT coalesce(
         (SELECT q.room FROM unnest($1::uuid[], $2::int8[]) AS q(webhook_id, room)
          WHERE q.webhook_id = w.id LIMIT 1),
         $3)
 ) d
+WHERE w.enabled AND w.deleted_at IS NULL
 ORDER BY d.created_at, d.id
 LIMIT $4

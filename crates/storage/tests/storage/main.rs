@@ -4,3 +4,4 @@
 
 mod relay;
 mod storage;
+mod subscription;

@@ -48,6 +48,7 @@ async fn open_incident(db: &TestDb, key: &str) -> NewEvent {
         description: None,
         source: None,
         reply_key: None,
+        labels: Default::default(),
     };
     tocsin_testkit::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
         .await
@@ -65,6 +66,9 @@ async fn subscribe(db: &TestDb) -> uuid::Uuid {
         events: [EventKind::IncidentOpened].into_iter().collect(),
         retry: RetrySettings::default(),
         enabled: true,
+        filters: Default::default(),
+        headers: Default::default(),
+        rate_limit: None,
     };
     webhooks::create(&mut conn, &new).await.unwrap().id
 }

@@ -29,9 +29,9 @@ use tocsin_testkit::deliveries::{answered, claim_rules, mark_failed, record_atte
 use tocsin_testkit::{wait_until, TestDb};
 use uuid::Uuid;
 
-const DEADLINE: Duration = Duration::from_secs(15);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(15);
 
-fn signal(key: &str, action: AlertAction) -> AlertSignal {
+pub(crate) fn signal(key: &str, action: AlertAction) -> AlertSignal {
     AlertSignal {
         dedup_key: key.to_owned(),
         action,
@@ -40,6 +40,7 @@ fn signal(key: &str, action: AlertAction) -> AlertSignal {
         description: None,
         source: Some("test".into()),
         reply_key: None,
+        labels: Default::default(),
     }
 }
 
@@ -124,7 +125,8 @@ async fn the_one_engine_migration_makes_held_and_deferred_rows_deliveries_and_do
     let conn = AsyncPgConnection::establish(&db.url).await.unwrap();
     let mut wrapper: AsyncConnectionWrapper<AsyncPgConnection> = conn.into();
     let mut wrapper = tokio::task::spawn_blocking(move || {
-        for _ in 1..tocsin_storage::migration_count() {
+        // Up to the one before it (the migrations after it are applied next).
+        for _ in 2..tocsin_storage::migration_count() {
             wrapper
                 .run_next_migration(tocsin_storage::MIGRATIONS)
                 .unwrap();
@@ -133,7 +135,14 @@ async fn the_one_engine_migration_makes_held_and_deferred_rows_deliveries_and_do
         let applied = wrapper
             .run_next_migration(tocsin_storage::MIGRATIONS)
             .unwrap();
-        assert_eq!(applied.to_string(), "20261124000000", "the last migration");
+        assert_eq!(
+            applied.to_string(),
+            "20261124000000",
+            "the one-engine migration"
+        );
+        wrapper
+            .run_pending_migrations(tocsin_storage::MIGRATIONS)
+            .unwrap();
         wrapper
     })
     .await
@@ -241,9 +250,12 @@ async fn the_one_engine_migration_makes_held_and_deferred_rows_deliveries_and_do
     drop(conn);
 
     tokio::task::spawn_blocking(move || {
-        wrapper
-            .revert_last_migration(tocsin_storage::MIGRATIONS)
-            .unwrap();
+        for expected in ["20261125000000", "20261124000000"] {
+            let reverted = wrapper
+                .revert_last_migration(tocsin_storage::MIGRATIONS)
+                .unwrap();
+            assert_eq!(reverted.to_string(), expected);
+        }
     })
     .await
     .unwrap();
@@ -621,10 +633,11 @@ async fn a_failed_transaction_leaves_no_row_behind() {
 // Fan-out
 
 /// One delivery per enabled, undeleted webhook subscribed to the event's kind, due now and not
-/// attempted; fanned out again (a redelivered message, or the same event twice in a batch), an
-/// event creates nothing more.
+/// attempted; a disabled webhook's delivery is listed `waiting` (`webhook_disabled`); fanned
+/// out again (a redelivered message, or the same event twice in a batch), an event creates
+/// nothing more.
 #[tokio::test]
-async fn fan_out_delivers_to_enabled_undeleted_subscribed_webhooks_once() {
+async fn fan_out_delivers_to_undeleted_subscribed_webhooks_once_and_a_disabled_ones_wait() {
     let db = TestDb::new().await;
     let mut conn = db.pool().get().await.unwrap();
     let opened = webhook(&mut conn, "opened", &[EventKind::IncidentOpened], 5).await;
@@ -651,6 +664,7 @@ async fn fan_out_delivers_to_enabled_undeleted_subscribed_webhooks_once() {
     assert_eq!(fanned.len(), 3, "an answer per request");
     for (n, event) in [(0, &a), (1, &b)] {
         assert_eq!(fanned[n].waiting, 0);
+        assert_eq!(fanned[n].disabled, 1, "`off` gets its delivery, waiting");
         assert_eq!(
             fanned[n].pending.len(),
             1,
@@ -684,13 +698,13 @@ async fn fan_out_delivers_to_enabled_undeleted_subscribed_webhooks_once() {
         assert_between(due_at, before, OffsetDateTime::now_utc(), "due now");
     }
     assert!(nothing(&fanned[2]), "the second copy creates none");
-    assert_eq!(db.count("deliveries").await, 2);
+    assert_eq!(db.count("deliveries").await, 4);
 
     let again = fan_out::fan_out(&mut conn, &requests[..2], &[], PENDING)
         .await
         .unwrap();
     assert!(again.iter().all(nothing), "idempotent");
-    assert_eq!(db.count("deliveries").await, 2);
+    assert_eq!(db.count("deliveries").await, 4);
 
     // An event nobody subscribes to makes no delivery; resolving makes one to `resolved`.
     let resolution = tocsin_testkit::apply_signals(
@@ -714,10 +728,16 @@ async fn fan_out_delivers_to_enabled_undeleted_subscribed_webhooks_once() {
     assert_eq!(fanned[1].pending[0].webhook_id, resolved.id);
     assert_eq!(
         db.count(&format!(
-            "deliveries WHERE webhook_id IN ('{}', '{}')",
-            off.id, deleted.id
+            "deliveries WHERE webhook_id = '{}' AND state = 'waiting'
+             AND wait_reason = 'webhook_disabled' AND attempt_count = 0",
+            off.id
         ))
         .await,
+        2
+    );
+    assert_eq!(
+        db.count(&format!("deliveries WHERE webhook_id = '{}'", deleted.id))
+            .await,
         0
     );
 }
@@ -2251,6 +2271,7 @@ async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
             deliveries: 3,
             events: 4,
             outbox: 6,
+            outcome_buckets: 0,
         },
         "the pruned deliveries' events and the announced one go, not the unannounced one"
     );
@@ -2285,7 +2306,7 @@ async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
 // Helpers
 
 /// A webhook subscribed to `events`, allowing `max_attempts` automatic attempts.
-async fn webhook(
+pub(crate) async fn webhook(
     conn: &mut AsyncPgConnection,
     name: &str,
     events: &[EventKind],
@@ -2300,6 +2321,9 @@ async fn webhook(
             retry: RetrySettings::new(max_attempts, i64::from(RetrySettings::DEFAULT_TIMEOUT_MS))
                 .unwrap(),
             enabled: true,
+            filters: Default::default(),
+            headers: Default::default(),
+            rate_limit: None,
         },
     )
     .await
@@ -2307,7 +2331,7 @@ async fn webhook(
 }
 
 /// A webhook subscribed to every event kind, with the default retry settings.
-async fn webhook_for_every_event(conn: &mut AsyncPgConnection, name: &str) -> Webhook {
+pub(crate) async fn webhook_for_every_event(conn: &mut AsyncPgConnection, name: &str) -> Webhook {
     webhook(conn, name, &EventKind::ALL, 5).await
 }
 
@@ -2334,7 +2358,7 @@ async fn set_max_attempts(conn: &mut AsyncPgConnection, webhook_id: Uuid, max_at
 }
 
 /// Opens an incident; returns its `incidents.opened` event.
-async fn open(conn: &mut AsyncPgConnection, key: &str) -> NewEvent {
+pub(crate) async fn open(conn: &mut AsyncPgConnection, key: &str) -> NewEvent {
     let outcome = tocsin_testkit::apply_signals(
         conn,
         &[signal(key, AlertAction::Trigger)],
@@ -2347,7 +2371,7 @@ async fn open(conn: &mut AsyncPgConnection, key: &str) -> NewEvent {
 }
 
 /// Records a test event for one webhook, as the admin's "send test event" does.
-async fn record_test_event(conn: &mut AsyncPgConnection, webhook_id: Uuid) -> NewEvent {
+pub(crate) async fn record_test_event(conn: &mut AsyncPgConnection, webhook_id: Uuid) -> NewEvent {
     let payload = EventPayload {
         event: EventKind::IncidentOpened,
         timestamp: OffsetDateTime::now_utc(),
@@ -2369,17 +2393,20 @@ async fn record_test_event(conn: &mut AsyncPgConnection, webhook_id: Uuid) -> Ne
 }
 
 /// Fan-out rules that leave new deliveries `pending` (no first attempt claimed with them).
-const PENDING: FanOutRules = FanOutRules {
+pub(crate) const PENDING: FanOutRules = FanOutRules {
     claim: false,
     lease_margin: Duration::from_secs(5),
 };
 
 /// Whether a fan-out made nothing.
 fn nothing(fanned: &FannedOut) -> bool {
-    fanned.claimed.is_empty() && fanned.pending.is_empty() && fanned.waiting == 0
+    fanned.claimed.is_empty()
+        && fanned.pending.is_empty()
+        && fanned.waiting == 0
+        && fanned.disabled == 0
 }
 
-fn fan_out_request(event: &NewEvent, redelivered: bool) -> FanOut {
+pub(crate) fn fan_out_request(event: &NewEvent, redelivered: bool) -> FanOut {
     FanOut {
         event_id: event.id,
         kind: event.kind,
@@ -2400,7 +2427,7 @@ async fn fan_out(conn: &mut AsyncPgConnection, event: &NewEvent, busy: &[Uuid]) 
 }
 
 /// Opens an incident and fans out its event; returns its delivery to `webhook_id`.
-async fn delivery_to(conn: &mut AsyncPgConnection, key: &str, webhook_id: Uuid) -> Uuid {
+pub(crate) async fn delivery_to(conn: &mut AsyncPgConnection, key: &str, webhook_id: Uuid) -> Uuid {
     let event = open(conn, key).await;
     fan_out(conn, &event, &[])
         .await
@@ -2412,7 +2439,7 @@ async fn delivery_to(conn: &mut AsyncPgConnection, key: &str, webhook_id: Uuid) 
 }
 
 /// A webhook's deliveries, newest first.
-async fn deliveries_of(conn: &mut AsyncPgConnection, webhook_id: Uuid) -> Vec<Delivery> {
+pub(crate) async fn deliveries_of(conn: &mut AsyncPgConnection, webhook_id: Uuid) -> Vec<Delivery> {
     let filter = deliveries::DeliveryFilter {
         webhook_id: Some(webhook_id),
         ..Default::default()
@@ -2447,7 +2474,11 @@ async fn claim(
 }
 
 /// Claims the automatic attempt after the `expected` ones (the rules allow it a day early).
-async fn claim_auto(conn: &mut AsyncPgConnection, id: Uuid, expected: i32) -> Option<Job> {
+pub(crate) async fn claim_auto(
+    conn: &mut AsyncPgConnection,
+    id: Uuid,
+    expected: i32,
+) -> Option<Job> {
     claim(conn, id, Trigger::Automatic, expected, claim_rules()).await
 }
 
@@ -2457,7 +2488,7 @@ async fn claim_manual(conn: &mut AsyncPgConnection, id: Uuid) -> Option<Job> {
 
 /// The completion of a claimed attempt with `result`, moving the delivery as the state machine
 /// says for the specification's schedule.
-fn completion(job: &Job, result: AttemptResult) -> Completion {
+pub(crate) fn completion(job: &Job, result: AttemptResult) -> Completion {
     let automatic = job.trigger == Trigger::Automatic;
     Completion {
         delivery_id: job.delivery.id,
@@ -2474,7 +2505,10 @@ fn completion(job: &Job, result: AttemptResult) -> Completion {
     }
 }
 
-async fn complete(conn: &mut AsyncPgConnection, completion: Completion) -> Option<Completed> {
+pub(crate) async fn complete(
+    conn: &mut AsyncPgConnection,
+    completion: Completion,
+) -> Option<Completed> {
     attempts::complete(conn, &[completion])
         .await
         .unwrap()

@@ -130,6 +130,9 @@ impl Harness {
                 events: events.iter().copied().collect::<BTreeSet<_>>(),
                 retry: RetrySettings::new(max_attempts, timeout_ms).unwrap(),
                 enabled: true,
+                filters: Default::default(),
+                headers: Default::default(),
+                rate_limit: None,
             },
         )
         .await
@@ -146,6 +149,7 @@ impl Harness {
             description: None,
             source: None,
             reply_key: None,
+            labels: Default::default(),
         };
         tocsin_testkit::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
             .await

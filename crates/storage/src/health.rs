@@ -1,0 +1,200 @@
+//! Webhook health: how a webhook's target has been answering, kept up to date by every
+//! recorded attempt outcome (`sql/complete.sql` updates `webhook_health` and the five-minute
+//! `webhook_outcomes` buckets in the statement that records the outcome), so that reading it
+//! never scans the attempt log. Auto-disable reads it too.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use diesel::sql_types::{BigInt, Double, Int4, Nullable, Text, Timestamptz};
+use diesel::QueryableByName;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use serde::Serialize;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::deliveries::millis;
+use crate::statement::Statement;
+use crate::webhooks::set_enabled;
+use crate::DbError;
+
+type SqlUuid = diesel::sql_types::Uuid;
+
+/// The windows of the success rates: the last hour and the last day, each made of the
+/// five-minute buckets that began within it (so the last 55 to 60 minutes, and 23 h 55 min to
+/// 24 h).
+pub const RATE_WINDOWS: [time::Duration; 2] = [time::Duration::HOUR, time::Duration::DAY];
+
+/// A webhook's health. Interrupted attempts (their dispatcher stopped) are not the target's
+/// doing and do not count.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, QueryableByName)]
+pub struct WebhookHealth {
+    /// Failed attempts since the last successful one.
+    #[diesel(sql_type = Int4)]
+    pub consecutive_failures: i32,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub last_success_at: Option<OffsetDateTime>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub last_failure_at: Option<OffsetDateTime>,
+    /// The last failure's error kind and detail (`http_status: the target answered 500`).
+    #[diesel(sql_type = Nullable<Text>)]
+    pub last_error: Option<String>,
+    /// Successful attempts over all attempts in the last hour; `None` without any.
+    #[diesel(sql_type = Nullable<Double>)]
+    pub success_rate_1h: Option<f64>,
+    /// The same over the last 24 hours.
+    #[diesel(sql_type = Nullable<Double>)]
+    pub success_rate_24h: Option<f64>,
+}
+
+#[derive(QueryableByName)]
+struct HealthRow {
+    #[diesel(sql_type = SqlUuid)]
+    webhook_id: Uuid,
+    #[diesel(embed)]
+    health: WebhookHealth,
+}
+
+/// The health of each given webhook (one without any attempt yet has the default).
+pub async fn for_webhooks(
+    conn: &mut AsyncPgConnection,
+    ids: &[Uuid],
+) -> Result<HashMap<Uuid, WebhookHealth>, DbError> {
+    let rows: Vec<HealthRow> = Statement::new(
+        "WITH ids AS (SELECT unnest($1::uuid[]) AS webhook_id),
+rates AS (
+    SELECT o.webhook_id,
+        sum(o.successes) FILTER (WHERE o.bucket >= now() - interval '1 hour') AS s1,
+        sum(o.successes + o.failures) FILTER (WHERE o.bucket >= now() - interval '1 hour') AS n1,
+        sum(o.successes) AS s24, sum(o.successes + o.failures) AS n24
+    FROM webhook_outcomes o JOIN ids USING (webhook_id)
+    WHERE o.bucket >= now() - interval '24 hours'
+    GROUP BY o.webhook_id
+)
+SELECT ids.webhook_id, coalesce(h.consecutive_failures, 0) AS consecutive_failures,
+    h.last_success_at, h.last_failure_at, h.last_error,
+    (r.s1::float8 / nullif(r.n1, 0)) AS success_rate_1h,
+    (r.s24::float8 / nullif(r.n24, 0)) AS success_rate_24h
+FROM ids LEFT JOIN webhook_health h USING (webhook_id) LEFT JOIN rates r USING (webhook_id)",
+    )
+    .bind::<diesel::sql_types::Array<SqlUuid>, _>(ids)
+    .load(conn)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.webhook_id, r.health)).collect())
+}
+
+/// The health of every webhook not deleted, for the metrics: id, enabled, health.
+pub async fn all(
+    conn: &mut AsyncPgConnection,
+) -> Result<Vec<(Uuid, bool, WebhookHealth)>, DbError> {
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = SqlUuid)]
+        id: Uuid,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        enabled: bool,
+    }
+    let webhooks: Vec<Row> =
+        Statement::new("SELECT id, enabled FROM webhooks WHERE deleted_at IS NULL")
+            .load(conn)
+            .await?;
+    let ids: Vec<Uuid> = webhooks.iter().map(|w| w.id).collect();
+    let mut health = for_webhooks(conn, &ids).await?;
+    Ok(webhooks
+        .into_iter()
+        .map(|w| (w.id, w.enabled, health.remove(&w.id).unwrap_or_default()))
+        .collect())
+}
+
+/// A webhook auto-disable disabled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AutoDisabled {
+    pub webhook_id: Uuid,
+    pub reason: String,
+}
+
+#[derive(QueryableByName)]
+struct FailingRow {
+    #[diesel(sql_type = SqlUuid)]
+    webhook_id: Uuid,
+    #[diesel(sql_type = Int4)]
+    consecutive_failures: i32,
+    #[diesel(sql_type = Timestamptz)]
+    failing_since: OffsetDateTime,
+    #[diesel(sql_type = Nullable<Text>)]
+    last_error: Option<String>,
+}
+
+/// Disables every enabled webhook that has failed without a single success for `after` or
+/// longer: its failures span at least `after`, from the first failure after its last success
+/// (or its enabling) to the latest one. Each is disabled as an operator's change disables it
+/// (its unfinished deliveries stop), with a reason that gives the figures.
+pub async fn auto_disable(
+    conn: &mut AsyncPgConnection,
+    after: Duration,
+) -> Result<Vec<AutoDisabled>, DbError> {
+    let failing: Vec<FailingRow> = Statement::new(
+        "SELECT h.webhook_id, h.consecutive_failures, h.failing_since, h.last_error
+FROM webhook_health h JOIN webhooks w ON w.id = h.webhook_id
+WHERE w.enabled AND w.deleted_at IS NULL AND h.failing_since IS NOT NULL
+    AND h.last_failure_at >= h.failing_since + $1 * interval '1 millisecond'
+ORDER BY h.webhook_id",
+    )
+    .bind::<BigInt, _>(millis(after))
+    .load(conn)
+    .await?;
+    let mut disabled = Vec::new();
+    for row in failing {
+        let since = row
+            .failing_since
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        let mut reason = format!(
+            "disabled automatically: failing without a success since {since} ({} consecutive failures)",
+            row.consecutive_failures
+        );
+        if let Some(error) = &row.last_error {
+            reason.push_str("; last error: ");
+            reason.push_str(error);
+        }
+        let now = OffsetDateTime::now_utc();
+        let done = conn
+            .transaction::<_, DbError, _>(async |conn| {
+                // Still failing once locked: a success meanwhile clears `failing_since`.
+                let still: Vec<One> = Statement::new(
+                    "SELECT 1 AS one FROM webhook_health
+WHERE webhook_id = $1 AND failing_since = $2 FOR UPDATE",
+                )
+                .bind::<SqlUuid, _>(row.webhook_id)
+                .bind::<Timestamptz, _>(row.failing_since)
+                .load(conn)
+                .await?;
+                if still.is_empty() {
+                    return Ok(false);
+                }
+                match set_enabled(conn, row.webhook_id, false, &reason, now).await {
+                    Ok(webhook) => Ok(webhook.disabled_reason.as_deref() == Some(reason.as_str())),
+                    // Deleted meanwhile.
+                    Err(DbError::NotFound) => Ok(false),
+                    Err(error) => Err(error),
+                }
+            })
+            .await?;
+        if done {
+            disabled.push(AutoDisabled {
+                webhook_id: row.webhook_id,
+                reason,
+            });
+        }
+    }
+    Ok(disabled)
+}
+
+#[derive(QueryableByName)]
+struct One {
+    #[diesel(sql_type = Int4)]
+    #[allow(dead_code)]
+    one: i32,
+}
