@@ -355,18 +355,18 @@ impl Form {
 pub fn notice(key: Option<&str>, count: Option<&str>) -> Option<String> {
     let text = match key? {
         "updated" => "Webhook saved.".to_owned(),
-        "enabled" => "Webhook enabled: it receives its events again.".to_owned(),
+        "enabled" => "Webhook enabled: it receives its events again. Recover the deliveries that waited meanwhile below.".to_owned(),
         "disabled" => {
-            "Webhook disabled: it receives nothing, and its unfinished deliveries were stopped."
+            "Webhook disabled: its unfinished deliveries were stopped; events that come meanwhile wait in its log until you enable it and recover them."
                 .to_owned()
         }
         "test" => "Test event sent: its delivery appears in the log below in a moment.".to_owned(),
         "recovered" => {
             let count: usize = count.and_then(|c| c.parse().ok()).unwrap_or(0);
             match count {
-                0 => "No failed deliveries since then: nothing to retry.".to_owned(),
-                1 => "1 failed delivery enqueued for a manual attempt.".to_owned(),
-                n => format!("{n} failed deliveries enqueued for a manual attempt."),
+                0 => "No failed or waiting deliveries since then: nothing to send.".to_owned(),
+                1 => "1 delivery enqueued: a failed one retried, or one that waited sent.".to_owned(),
+                n => format!("{n} deliveries enqueued: failed ones retried, those that waited sent."),
             }
         }
         "deleted" => "Webhook deleted. Its delivery log stays readable.".to_owned(),
@@ -424,7 +424,7 @@ mod tests {
         assert_eq!(notice(Some("<script>"), None), None);
         assert_eq!(
             notice(Some("recovered"), Some("3")).unwrap(),
-            "3 failed deliveries enqueued for a manual attempt."
+            "3 deliveries enqueued: failed ones retried, those that waited sent."
         );
         assert!(notice(Some("recovered"), Some("<b>"))
             .unwrap()

@@ -592,6 +592,11 @@ async fn webhooks_are_created_read_changed_and_deleted() {
     );
 
     // Deleting stops pending retries and keeps the delivery log readable.
+    let (status, enabled) = admin
+        .patch(&format!("/api/v1/webhooks/{id}"), &json!({"enabled": true}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{enabled}");
+    assert_eq!(enabled["disabled_reason"], Value::Null);
     let (delivery_id, _) =
         seed_delivery(&mut conn, id, EventKind::IncidentOpened, Uuid::now_v7()).await;
     let (status, body) = admin.delete(&format!("/api/v1/webhooks/{id}")).await;
@@ -633,6 +638,79 @@ async fn webhooks_are_created_read_changed_and_deleted() {
         let answer = admin.delete(&path).await;
         assert_error(&path, &answer, StatusCode::NOT_FOUND, None);
     }
+    admin.stop().await;
+}
+
+/// Filters, headers and a rate limit are set at creation, read back (header values masked),
+/// and changed: a masked value written back keeps the stored one, `null` removes the limit.
+#[tokio::test]
+async fn filters_headers_and_rate_limits_are_set_read_and_changed() {
+    let admin = TestAdmin::start().await;
+    let (status, created) = admin
+        .post(
+            "/api/v1/webhooks",
+            &json!({
+                "name": "db pager",
+                "url": "https://hooks.example.com/db",
+                "events": ["incidents.opened"],
+                "filters": {"severities": ["SEV2", "SEV1", "SEV1"], "sources": ["alertmanager"],
+                            "labels": {"team": "db"}},
+                "headers": {"X-Team-Key": "k1", "Authorization": "Bearer s3cret"},
+                "rate_limit_per_second": 5,
+            }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(
+        created["filters"],
+        json!({"severities": ["SEV1", "SEV2"], "sources": ["alertmanager"], "labels": {"team": "db"}})
+    );
+    assert_eq!(
+        created["headers"],
+        json!({"authorization": "***", "x-team-key": "***"})
+    );
+    assert!(!created.to_string().contains("s3cret"));
+    assert_eq!(created["rate_limit_per_second"], 5);
+    let id = id_of(&created);
+
+    // Written back as read: the masked values keep their secrets; a new one is added.
+    let mut headers = created["headers"].clone();
+    headers["X-Extra"] = json!("2");
+    let (status, changed) = admin
+        .patch(
+            &format!("/api/v1/webhooks/{id}"),
+            &json!({"headers": headers, "rate_limit_per_second": null, "filters": {}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{changed}");
+    assert_eq!(changed["rate_limit_per_second"], Value::Null);
+    assert_eq!(changed["filters"], json!({}));
+    let mut conn = admin.conn().await;
+    let stored = tocsin_storage::webhooks::get(&mut conn, id).await.unwrap();
+    let sent: Vec<(&str, &str)> = stored.headers.iter().collect();
+    assert_eq!(
+        sent,
+        [
+            ("authorization", "Bearer s3cret"),
+            ("x-extra", "2"),
+            ("x-team-key", "k1")
+        ]
+    );
+    // A mask for a header that is not set is refused, and nothing changes.
+    let answer = admin
+        .patch(
+            &format!("/api/v1/webhooks/{id}"),
+            &json!({"headers": {"x-other": "***"}}),
+        )
+        .await;
+    assert_error(
+        "unknown mask",
+        &answer,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        Some("headers.x-other"),
+    );
+    let again = tocsin_storage::webhooks::get(&mut conn, id).await.unwrap();
+    assert_eq!(again.headers, stored.headers);
     admin.stop().await;
 }
 
@@ -732,6 +810,86 @@ async fn invalid_webhooks_are_refused_naming_the_field_and_nothing_is_written() 
             "enabled of the wrong type",
             with("enabled", json!("yes")),
             "enabled",
+        ),
+        (
+            "unknown severity",
+            with("filters", json!({"severities": ["SEV1", "SEV9"]})),
+            "filters.severities[1]",
+        ),
+        (
+            "empty severities",
+            with("filters", json!({"severities": []})),
+            "filters.severities",
+        ),
+        (
+            "severities not a list",
+            with("filters", json!({"severities": "SEV1"})),
+            "filters.severities",
+        ),
+        (
+            "blank source",
+            with("filters", json!({"sources": [" "]})),
+            "filters.sources[0]",
+        ),
+        (
+            "label of the wrong type",
+            with("filters", json!({"labels": {"team": 1}})),
+            "filters.labels.team",
+        ),
+        (
+            "unknown filter",
+            with("filters", json!({"teams": ["db"]})),
+            "filters.teams",
+        ),
+        (
+            "reserved header",
+            with("headers", json!({"Content-Type": "text/plain"})),
+            "headers.Content-Type",
+        ),
+        (
+            "reserved header prefix",
+            with("headers", json!({"webhook-signature": "v1,forged"})),
+            "headers.webhook-signature",
+        ),
+        (
+            "tocsin header",
+            with("headers", json!({"Tocsin-Event": "x"})),
+            "headers.Tocsin-Event",
+        ),
+        (
+            "header value with a newline",
+            with("headers", json!({"x-key": "a\r\nx-injected: 1"})),
+            "headers.x-key",
+        ),
+        (
+            "header name with a space",
+            with("headers", json!({"x key": "1"})),
+            "headers.x key",
+        ),
+        (
+            "masked header at creation",
+            with("headers", json!({"x-key": "***"})),
+            "headers.x-key",
+        ),
+        (
+            "header value of the wrong type",
+            with("headers", json!({"x-key": 1})),
+            "headers.x-key",
+        ),
+        (
+            "rate limit 0",
+            with("rate_limit_per_second", json!(0)),
+            "rate_limit_per_second",
+        ),
+        (
+            "rate limit too high",
+            with("rate_limit_per_second", json!(10001)),
+            "rate_limit_per_second",
+        ),
+        (
+            "rate limit of the wrong type",
+            with("rate_limit_per_second", json!("2")),
+            "rate_limit_per_second",
         ),
     ];
     for (what, body, field) in &cases {
@@ -1227,7 +1385,7 @@ async fn bulk_recovery_retries_the_failed_deliveries_since_a_time() {
         )
         .await;
     assert_eq!(status, StatusCode::ACCEPTED);
-    assert_eq!(body, json!({"retried": 0}));
+    assert_eq!(body, json!({"retried": 0, "sent_waiting": 0}));
     let path = format!("/api/v1/webhooks/{webhook}/recover");
     for (what, body, field) in [
         (

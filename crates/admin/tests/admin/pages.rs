@@ -869,7 +869,7 @@ async fn each_action_does_what_the_api_does() {
     let page = admin.get(answer.location(), Some(&browser)).await;
     assert!(page
         .body
-        .contains("1 failed delivery enqueued for a manual attempt."));
+        .contains("1 delivery enqueued: a failed one retried, or one that waited sent."));
     let bad = admin
         .post(
             &format!("{href}/recover"),

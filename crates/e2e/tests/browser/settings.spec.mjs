@@ -259,6 +259,7 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     assert.equal(await page.locator("tr[data-state]").count(), 1);
     await page.getByRole("link", { name: "Clear filters" }).click();
     assert.equal(await page.locator("tr[data-state]").count(), 2);
+    assert.match(await text("#health-heading .health"), /^Failing \(\d+ in a row\)$/);
     await screenshot("webhook-detail");
 
     await page.locator('tr[data-state="failed"]').getByRole("link").click();
@@ -322,10 +323,59 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     await screenshot("incidents");
   });
 
+  await step(t, "a webhook with filters, headers and a rate limit: reserved headers are refused", async () => {
+    await page.goto("/settings/webhooks/new");
+    await page.getByLabel("Name").fill("DB pager");
+    await page.getByLabel("Target URL").fill(RECEIVER_OK_URL);
+    await page.getByLabel("incidents.opened").check();
+    await page.getByLabel("SEV1").check();
+    await page.getByLabel("Sources").fill("generic");
+    await page.getByLabel("Labels").fill("team=db");
+    await page.getByLabel("Headers").fill("Content-Type: text/plain");
+    await page.getByLabel("Rate limit (attempts a second)").fill("5");
+    await page.getByRole("button", { name: "Create webhook" }).click();
+    await page.locator("#error-summary").waitFor();
+    assert.match(await text("#headers-error"), /is reserved/);
+    assert.equal(await page.locator("#labels").inputValue(), "team=db", "typed values come back");
+    await page.getByLabel("Headers").fill("X-Team-Key: k1");
+    await page.getByRole("button", { name: "Create webhook" }).click();
+    await page.getByRole("heading", { level: 1, name: "Webhook created" }).waitFor();
+    await page.getByRole("link", { name: "Go to the webhook" }).click();
+    await page.getByRole("heading", { level: 1, name: "DB pager" }).waitFor();
+    const details = await text(".details");
+    assert.match(details, /Severity is SEV1/);
+    assert.match(details, /Format or source is generic/);
+    assert.match(details, /Labels include team=db/);
+    assert.match(details, /x-team-key: \*\*\*/);
+    assert.doesNotMatch(details, /k1/, "the header's value is not shown");
+    assert.match(details, /5 attempts a second/);
+    assert.equal(await text("#health-heading .health"), "No attempts yet");
+    // The form that sets the headers shows their values.
+    await page.getByRole("link", { name: "Edit" }).click();
+    assert.equal(await page.locator("#headers").inputValue(), "x-team-key: k1");
+    assert.ok(await page.getByLabel("SEV1").isChecked());
+    await screenshot("webhook-form-filters");
+  });
+
+  await step(t, "disabled, its events wait, listed; enabled and recovered, they are sent", async () => {
+    await openWebhook("DB pager");
+    await page.getByRole("button", { name: "Disable" }).click();
+    assert.match(await text("#disabled-reason"), /disabled by an operator/);
+    await alert({ title: "Replica lag on db-2", dedup_key: "db-lag", severity: "critical", labels: { team: "db" } });
+    const waiting = await reloadUntil('tr[data-state="waiting"]', "a waiting delivery");
+    assert.match(await waiting.locator("[data-wait-reason]").textContent(), /webhook was disabled/);
+    await screenshot("webhook-disabled");
+    await page.getByRole("button", { name: "Enable" }).click();
+    await page.getByRole("button", { name: "Recover since…" }).click();
+    await reloadUntil('tr[data-state="succeeded"]', "the recovered delivery, succeeded");
+    assert.equal(await text("#health-heading .health"), "Healthy");
+  });
+
   await step(t, "the webhook list, on a desktop and at phone width", async () => {
-    await page.getByRole("link", { name: "Webhooks" }).click();
+    await page.getByRole("navigation", { name: "Settings sections" }).getByRole("link", { name: "Webhooks" }).click();
     const row = page.locator("tr", { hasText: WEBHOOK });
     assert.match(await row.textContent(), /Succeeded/);
+    assert.equal((await row.locator('td[data-label="Health"] .health').textContent()).trim(), "Healthy");
     await screenshot("webhooks");
     await page.setViewportSize(PHONE);
     await page.reload();

@@ -4,7 +4,8 @@
 //! schedule drawn from its seed: bursts of alerts, operators pressing retry on the same delivery
 //! at once, a dispatcher killed in the middle of its attempts (its messages redelivered, its
 //! attempts under way left to the sweeper, which runs every 300 ms with a 1 s grace), and
-//! webhooks disabled, enabled again or deleted while their deliveries are under way. Once the
+//! webhooks disabled, enabled again and recovered, or deleted while their deliveries are under
+//! way. Once the
 //! run has settled, it checks:
 //!
 //! - no delivery has more automatic attempts than its webhook's `max_attempts`;
@@ -311,7 +312,8 @@ impl System {
         serde_json::from_str(&text).unwrap_or(Value::Null)
     }
 
-    /// Enables or disables a webhook through the admin API.
+    /// Enables or disables a webhook through the admin API. Enabled again, it is recovered:
+    /// the deliveries that waited while it was disabled are sent, and its failed ones retried.
     async fn set_enabled(&self, hook: Uuid, enabled: bool) {
         self.admin(
             "PATCH",
@@ -319,6 +321,14 @@ impl System {
             Some(json!({"enabled": enabled})),
         )
         .await;
+        if enabled {
+            self.admin(
+                "POST",
+                &format!("/api/v1/webhooks/{hook}/recover"),
+                Some(json!({"since": "2000-01-01T00:00:00Z"})),
+            )
+            .await;
+        }
     }
 
     /// One of the `newest` deliveries of the log, chosen by `pick`.
