@@ -114,7 +114,7 @@ async fn view(state: &AdminState, webhook: &repo::Webhook) -> Result<Webhook, Ad
 /// (`alertmanager`, `grafana`, `pagerduty`, `generic`) or source name is listed; it carries
 /// every label pair listed (the labels of the alert that opened it). Test events ignore
 /// filters.
-#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Default, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Filters {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -126,6 +126,27 @@ pub struct Filters {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = json!({"team": "db"}))]
     pub labels: Option<BTreeMap<String, String>>,
+}
+
+impl<'de> Deserialize<'de> for Filters {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Fields {
+            #[serde(default)]
+            severities: Option<Vec<String>>,
+            #[serde(default)]
+            sources: Option<Vec<String>>,
+            #[serde(default)]
+            labels: Option<BTreeMap<String, String>>,
+        }
+        let fields: Fields = from_object(d)?;
+        Ok(Filters {
+            severities: fields.severities,
+            sources: fields.sources,
+            labels: fields.labels,
+        })
+    }
 }
 
 impl From<&WebhookFilters> for Filters {
@@ -275,8 +296,6 @@ pub struct RetryInput {
 }
 
 impl<'de> Deserialize<'de> for RetryInput {
-    /// From an object only: serde's derive also takes a struct from an array of its fields, so
-    /// `"retry": []` would pass as "no change".
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
         #[serde(deny_unknown_fields)]
@@ -286,26 +305,28 @@ impl<'de> Deserialize<'de> for RetryInput {
             #[serde(default, deserialize_with = "present")]
             timeout_ms: Option<i64>,
         }
-        struct Object;
-        impl<'de> serde::de::Visitor<'de> for Object {
-            type Value = RetryInput;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("an object with max_attempts and timeout_ms")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                map: A,
-            ) -> Result<RetryInput, A::Error> {
-                let fields =
-                    Fields::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
-                Ok(RetryInput {
-                    max_attempts: fields.max_attempts,
-                    timeout_ms: fields.timeout_ms,
-                })
-            }
-        }
-        d.deserialize_map(Object)
+        let fields: Fields = from_object(d)?;
+        Ok(RetryInput {
+            max_attempts: fields.max_attempts,
+            timeout_ms: fields.timeout_ms,
+        })
     }
+}
+
+/// A struct from a JSON object only: serde's derive also takes a struct from an array of its
+/// fields, so `"retry": []` would pass as "no change". Errors keep their paths.
+fn from_object<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+    struct Object<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Object<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_map(Object(std::marker::PhantomData))
 }
 
 /// A change to a webhook: any subset of the fields, each validated as at creation. `null` is

@@ -805,6 +805,11 @@ async fn invalid_webhooks_are_refused_naming_the_field_and_nothing_is_written() 
         ("retry not an object", with("retry", json!(5)), "retry"),
         // serde's derive takes a struct from an array of its fields too: refused here.
         ("retry an empty array", with("retry", json!([])), "retry"),
+        (
+            "filters an array",
+            with("filters", json!([null, null])),
+            "filters",
+        ),
         ("retry an array", with("retry", json!([3, 5000])), "retry"),
         (
             "enabled of the wrong type",
