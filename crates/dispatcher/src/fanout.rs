@@ -23,24 +23,27 @@ use crate::context::{retry_db, Context, Outcome};
 pub(crate) async fn handle_event(ctx: Arc<Context>, message: Delivery) {
     let outcome = match EventMessage::from_bytes(&message.data) {
         Ok(event) => {
-            // The trace of the request that caused the event, when traces are exported.
-            let parent = RemoteParent::from_headers(|name| header_str(&message.properties, name));
-            fan_out(&ctx, &event, message.redelivered, parent).await
+            let span = tracing::debug_span!(
+                "fan_out",
+                event_id = %event.event_id,
+                event = %event.event
+            );
+            // The trace of the request that caused the event, when traces are exported; set
+            // before the span is first entered.
+            RemoteParent::from_headers(|name| header_str(&message.properties, name))
+                .adopt_by(&span);
+            fan_out(&ctx, &event, message.redelivered)
+                .instrument(span)
+                .await
         }
         Err(error) => Outcome::Park(format!("unreadable event message: {error}")),
     };
     ctx.finish(message, outcome, "fanout").await;
 }
 
-/// Fans an event out and makes the first attempts; their spans are children of this one.
-#[tracing::instrument(level = "debug", skip_all, fields(event_id = %event.event_id, event = %event.event))]
-async fn fan_out(
-    ctx: &Arc<Context>,
-    event: &EventMessage,
-    redelivered: bool,
-    parent: RemoteParent,
-) -> Outcome {
-    parent.adopt();
+/// Fans an event out and makes the first attempts, in the `fan_out` span: their spans are its
+/// children.
+async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) -> Outcome {
     let request = FanOut {
         event_id: event.event_id,
         kind: event.event,

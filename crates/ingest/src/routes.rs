@@ -14,6 +14,7 @@ use tocsin_web::telemetry::{self, RemoteParent};
 use tocsin_web::{json, ApiError};
 use tokio::sync::Notify;
 use tracing::field::Empty;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::batched::Batched;
@@ -142,21 +143,33 @@ impl From<SignalOutcome> for Touched {
     }
 }
 
-/// Receives one alert notification. Its span joins the trace of a sender that sent a
-/// `traceparent`, and the trace context goes with the events it records (outbox headers).
-#[tracing::instrument(
-    level = "debug",
-    skip_all,
-    fields(otel.kind = "server", format = Empty, status = Empty)
-)]
+/// Receives one alert notification, in the `receive_alerts` span. The span joins the trace of a
+/// sender that sent a `traceparent`, and the trace context goes with the events it records
+/// (outbox headers).
 pub async fn receive_alerts(
     req: HttpRequest,
     payload: web::Payload,
     query: web::Query<FormatQuery>,
     state: web::Data<IngestState>,
 ) -> Result<HttpResponse, ApiError> {
+    let span = tracing::debug_span!(
+        "receive_alerts",
+        otel.kind = "server",
+        format = Empty,
+        status = Empty
+    );
+    // Before the span is first entered.
     RemoteParent::from_headers(|name| Some(req.headers().get(name)?.to_str().ok()?.to_owned()))
-        .adopt();
+        .adopt_by(&span);
+    receive(req, payload, query, state).instrument(span).await
+}
+
+async fn receive(
+    req: HttpRequest,
+    payload: web::Payload,
+    query: web::Query<FormatQuery>,
+    state: web::Data<IngestState>,
+) -> Result<HttpResponse, ApiError> {
     let mut format_label = "unknown";
     let result = handle(&req, payload, &query, &state, &mut format_label).await;
     let span = tracing::Span::current();

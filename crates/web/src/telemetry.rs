@@ -196,6 +196,9 @@ pub fn init(format: LogFormat, service: &str) -> anyhow::Result<Telemetry> {
         .with_location(false)
         .with_threads(false)
         .with_tracked_inactivity(false)
+        // Tocsin's context travels in its tracing spans; nothing reads OpenTelemetry's current
+        // context, so entering a span need not set it.
+        .with_context_activation(false)
         .with_filter(
             tracing_subscriber::filter::filter_fn(exported).with_max_level_hint(LevelFilter::DEBUG),
         );
@@ -331,12 +334,8 @@ impl RemoteParent {
         self.0.is_some()
     }
 
-    /// Makes the current span a child of this context (before the span has children).
-    pub fn adopt(self) {
-        self.adopt_by(&tracing::Span::current());
-    }
-
-    /// Makes `span` a child of this context (before it has children).
+    /// Makes `span` a child of this context: call it before the span is first entered (the
+    /// exporting layer starts a span then, and its parent is fixed from that moment).
     pub fn adopt_by(self, span: &tracing::Span) {
         if let Some(context) = self.0 {
             let _ = span.set_parent(context);
