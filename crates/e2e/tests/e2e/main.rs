@@ -11,3 +11,4 @@ mod scaling;
 mod secrets;
 mod shutdown;
 mod slowloris;
+mod traces;
