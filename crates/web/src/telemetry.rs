@@ -65,6 +65,8 @@ pub const PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
 pub const TRACES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
 /// Overrides the binary's name as `service.name`.
 pub const SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
+/// `true` turns traces off whatever the endpoint.
+pub const SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
 
 /// Set once the exporting layer is installed.
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -102,9 +104,9 @@ pub struct Export {
 }
 
 impl Export {
-    /// Reads the settings from the environment: `None` when no endpoint is set (traces off);
-    /// an error naming the variable for a protocol other than the two HTTP ones, or an endpoint
-    /// that is not an `http` or `https` URL.
+    /// Reads the settings from the environment: `None` when no endpoint is set, or
+    /// `OTEL_SDK_DISABLED` is `true` (traces off); an error naming the variable for a protocol
+    /// other than the two HTTP ones, or an endpoint that is not an `http` or `https` URL.
     pub fn from_env() -> anyhow::Result<Option<Export>> {
         Self::from_vars(|name| std::env::var(name).ok())
     }
@@ -118,6 +120,9 @@ impl Export {
                 .filter(|value| !value.is_empty())
                 .map(|value| (name.to_owned(), value))
         };
+        if get(SDK_DISABLED).is_some_and(|(_, value)| value.eq_ignore_ascii_case("true")) {
+            return Ok(None);
+        }
         let endpoint = if let Some((name, url)) = get(TRACES_ENDPOINT) {
             check_url(&name, &url)?;
             url
@@ -237,7 +242,7 @@ fn provider(export: &Export, service: &str) -> anyhow::Result<SdkTracerProvider>
             Protocol::HttpJson => opentelemetry_otlp::Protocol::HttpJson,
         })
         .build()
-        .with_context(|| format!("{ENDPOINT}: the trace exporter cannot be built"))?;
+        .context("OpenTelemetry: the OTLP trace exporter cannot be built")?;
     let name = std::env::var(SERVICE_NAME)
         .ok()
         .filter(|name| !name.trim().is_empty())
@@ -367,6 +372,15 @@ mod tests {
             export(&[(ENDPOINT, ""), (TRACES_ENDPOINT, " ")]).unwrap(),
             None
         );
+    }
+
+    #[test]
+    fn the_sdk_can_be_disabled_whatever_the_endpoint() {
+        let with =
+            |disabled: &str| export(&[(ENDPOINT, "http://c:4318"), (SDK_DISABLED, disabled)]);
+        assert_eq!(with("true").unwrap(), None);
+        assert_eq!(with("TRUE").unwrap(), None);
+        assert!(with("false").unwrap().is_some());
     }
 
     #[test]
