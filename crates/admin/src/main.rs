@@ -7,8 +7,16 @@ async fn main() -> ExitCode {
     let cli: Cli = tocsin_web::config::parse_or_exit("tocsin-admin");
     let result = match cli.into_command() {
         Command::Serve(config) => {
-            tocsin_web::config::init_tracing(config.common.log_format);
-            async { tocsin_admin::build(config).await?.run_until_stopped().await }.await
+            match tocsin_web::telemetry::init(config.common.log_format, "tocsin-admin") {
+                Ok(telemetry) => {
+                    let served =
+                        async { tocsin_admin::build(config).await?.run_until_stopped().await }
+                            .await;
+                    telemetry.shutdown().await;
+                    served
+                }
+                Err(error) => Err(error),
+            }
         }
         // No tracing here: stdout carries only the command's output.
         Command::Token(args) => tocsin_admin::cli::run(args).await,

@@ -79,7 +79,8 @@ pub(crate) struct Context {
 
 impl Context {
     /// A message asking for automatic attempt `attempt` of a delivery, through the retry queue
-    /// of `delay` (or the delivery queue at once for a zero delay).
+    /// of `delay` (or the delivery queue at once for a zero delay). When traces are exported,
+    /// it carries the current span's trace context: the attempt it asks for joins the trace.
     pub fn attempt_message(&self, due: &Due, delay: Duration) -> Outgoing {
         let topology = self.broker.topology();
         let (exchange, routing_key) = if delay.is_zero() {
@@ -99,6 +100,9 @@ impl Context {
             tocsin_broker::messages::TRIGGER_HEADER.into(),
             string_header(Trigger::Automatic.as_str()),
         );
+        tocsin_web::telemetry::inject_current(|name, value| {
+            headers.insert(name.into(), string_header(&value));
+        });
         Outgoing {
             exchange,
             routing_key,

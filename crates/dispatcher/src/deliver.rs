@@ -18,7 +18,10 @@ use tocsin_domain::signing::{self, headers};
 use tocsin_domain::WebhookHeaders;
 use tocsin_storage::attempts::{AttemptResult, Claim, Completion, Job};
 use tocsin_storage::deliveries::{self, Due};
+use tocsin_web::telemetry::RemoteParent;
 use tokio::sync::oneshot;
+use tracing::field::Empty;
+use tracing::Instrument;
 
 use crate::context::{retry_db, Context, Outcome};
 use crate::slots::Slot;
@@ -33,7 +36,26 @@ pub(crate) async fn handle_delivery(ctx: Arc<Context>, message: Delivery) {
     let requested = header_int(&message.properties, ATTEMPT_HEADER)
         .and_then(|n| i32::try_from(n).ok())
         .unwrap_or(1);
-    let outcome = match DeliveryMessage::from_bytes(&message.data) {
+    // A retry continues the trace of the attempt that scheduled it.
+    let span = tracing::debug_span!(
+        "delivery_message",
+        trigger = trigger.as_str(),
+        attempt = (trigger == Trigger::Automatic).then_some(requested)
+    );
+    RemoteParent::from_headers(|name| header_str(&message.properties, name)).adopt_by(&span);
+    let outcome = delivery_message(&ctx, &message, trigger, requested)
+        .instrument(span)
+        .await;
+    ctx.finish(message, outcome, "deliveries").await;
+}
+
+async fn delivery_message(
+    ctx: &Context,
+    message: &Delivery,
+    trigger: Trigger,
+    requested: i32,
+) -> Outcome {
+    match DeliveryMessage::from_bytes(&message.data) {
         Ok(parsed) => match trigger {
             Trigger::Manual => {
                 let claim = Claim {
@@ -41,16 +63,15 @@ pub(crate) async fn handle_delivery(ctx: Arc<Context>, message: Delivery) {
                     trigger,
                     expected_auto_attempts: 0,
                 };
-                attempt(&ctx, claim, None, None).await
+                attempt(ctx, claim, None, None).await
             }
-            Trigger::Automatic => match due(&ctx, &parsed, requested).await {
-                Ok(due) => attempt_due(&ctx, due, None).await,
+            Trigger::Automatic => match due(ctx, &parsed, requested).await {
+                Ok(due) => attempt_due(ctx, due, None).await,
                 Err(outcome) => outcome,
             },
         },
         Err(error) => Outcome::Park(format!("unreadable delivery message: {error}")),
-    };
-    ctx.finish(message, outcome, "deliveries").await;
+    }
 }
 
 /// The delivery a message asks automatic attempt `requested` of.
@@ -126,7 +147,7 @@ async fn wait(ctx: &Context, due: Due) -> Outcome {
 
 /// Claims, makes and records one attempt. A manual attempt takes no slot of its webhook: an
 /// operator asked for it now.
-#[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %claim.delivery_id, trigger = claim.trigger.as_str(), attempt))]
+#[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %claim.delivery_id, trigger = claim.trigger.as_str(), attempt, webhook_id))]
 async fn attempt(ctx: &Context, claim: Claim, slot: Option<Slot>, claimed: Claimed) -> Outcome {
     let Ok(_request) = ctx.requests.acquire().await else {
         return Outcome::Requeue;
@@ -147,7 +168,7 @@ async fn attempt(ctx: &Context, claim: Claim, slot: Option<Slot>, claimed: Claim
 /// Makes a first attempt claimed with its delivery by the fan-out: takes a slot of its webhook
 /// in turn (the fan-out claimed no more than the room of a webhook that is not answering, and
 /// the lease covers the wait) and a request slot, tells `started`, and makes it.
-#[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %job.delivery.id, attempt = job.number))]
+#[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %job.delivery.id, attempt = job.number, webhook_id = %job.webhook.id))]
 pub(crate) async fn make_claimed(ctx: &Context, job: Job, started: Claimed) -> Outcome {
     let slot = ctx.slots.take_in_turn(job.webhook.id).await;
     let Ok(_request) = ctx.requests.acquire().await else {
@@ -159,7 +180,9 @@ pub(crate) async fn make_claimed(ctx: &Context, job: Job, started: Claimed) -> O
 
 /// Sends a claimed attempt, records its outcome, and schedules the next one.
 async fn make(ctx: &Context, job: Job, slot: Option<Slot>) -> Outcome {
-    tracing::Span::current().record("attempt", job.number);
+    tracing::Span::current()
+        .record("attempt", job.number)
+        .record("webhook_id", tracing::field::display(job.webhook.id));
     ctx.metrics.in_flight.inc();
     let started = OffsetDateTime::now_utc();
     let result = send(ctx, &job, started).await;
@@ -275,8 +298,23 @@ fn observe(ctx: &Context, job: &Job, result: &AttemptResult, started: OffsetDate
         .observe(f64::from(result.duration_ms) / 1000.0);
 }
 
-/// Makes the HTTP request and describes it as the attempt's result.
-#[tracing::instrument(level = "debug", skip_all, fields(webhook_id = %job.webhook.id))]
+/// Makes the HTTP request and describes it as the attempt's result. Its span is the attempt's
+/// in a trace: webhook, delivery, attempt number, trigger, and how it went.
+#[tracing::instrument(
+    level = "debug",
+    skip_all,
+    fields(
+        otel.kind = "client",
+        webhook_id = %job.webhook.id,
+        delivery_id = %job.delivery.id,
+        attempt = job.number,
+        trigger = job.trigger.as_str(),
+        status = Empty,
+        success = Empty,
+        error = Empty,
+        otel.status_code = Empty,
+    )
+)]
 async fn send(ctx: &Context, job: &Job, started_at: OffsetDateTime) -> AttemptResult {
     let started = Instant::now();
     let id = job.delivery.id.to_string();
@@ -361,6 +399,15 @@ async fn send(ctx: &Context, job: &Job, started_at: OffsetDateTime) -> AttemptRe
             result.error = Some(kind);
             result.error_detail = Some(detail);
         }
+    }
+    let span = tracing::Span::current();
+    span.record("success", result.success);
+    if let Some(status) = result.status_code {
+        span.record("status", status);
+    }
+    if let Some(error) = result.error {
+        span.record("error", error.as_str())
+            .record("otel.status_code", "error");
     }
     result
 }

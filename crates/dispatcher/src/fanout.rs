@@ -9,23 +9,40 @@
 use std::sync::Arc;
 
 use lapin::message::Delivery;
+use tocsin_broker::header_str;
 use tocsin_broker::messages::EventMessage;
 use tocsin_storage::attempts::Job;
 use tocsin_storage::deliveries::Due;
 use tocsin_storage::fan_out::{FanOut, FannedOut};
+use tocsin_web::telemetry::RemoteParent;
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 use crate::context::{retry_db, Context, Outcome};
 
 pub(crate) async fn handle_event(ctx: Arc<Context>, message: Delivery) {
     let outcome = match EventMessage::from_bytes(&message.data) {
-        Ok(event) => fan_out(&ctx, &event, message.redelivered).await,
+        Ok(event) => {
+            let span = tracing::debug_span!(
+                "fan_out",
+                event_id = %event.event_id,
+                event = %event.event
+            );
+            // The trace of the request that caused the event, when traces are exported; set
+            // before the span is first entered.
+            RemoteParent::from_headers(|name| header_str(&message.properties, name))
+                .adopt_by(&span);
+            fan_out(&ctx, &event, message.redelivered)
+                .instrument(span)
+                .await
+        }
         Err(error) => Outcome::Park(format!("unreadable event message: {error}")),
     };
     ctx.finish(message, outcome, "fanout").await;
 }
 
-#[tracing::instrument(level = "debug", skip_all, fields(event_id = %event.event_id, event = %event.event))]
+/// Fans an event out and makes the first attempts, in the `fan_out` span: their spans are its
+/// children.
 async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) -> Outcome {
     let request = FanOut {
         event_id: event.event_id,
@@ -69,9 +86,12 @@ async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) ->
 fn make(ctx: &Arc<Context>, job: Job) -> oneshot::Receiver<()> {
     let (started, receiver) = oneshot::channel();
     let ctx = ctx.clone();
-    ctx.tasks.clone().spawn(async move {
-        crate::deliver::make_claimed(&ctx, job, Some(started)).await;
-    });
+    ctx.tasks.clone().spawn(
+        async move {
+            crate::deliver::make_claimed(&ctx, job, Some(started)).await;
+        }
+        .in_current_span(),
+    );
     receiver
 }
 
@@ -81,11 +101,14 @@ fn make(ctx: &Arc<Context>, job: Job) -> oneshot::Receiver<()> {
 pub(crate) fn start(ctx: &Arc<Context>, due: Due) -> oneshot::Receiver<()> {
     let (claimed, receiver) = oneshot::channel();
     let ctx = ctx.clone();
-    ctx.tasks.clone().spawn(async move {
-        if ctx.cancel.is_cancelled() {
-            return;
+    ctx.tasks.clone().spawn(
+        async move {
+            if ctx.cancel.is_cancelled() {
+                return;
+            }
+            crate::deliver::attempt_due(&ctx, due, Some(claimed)).await;
         }
-        crate::deliver::attempt_due(&ctx, due, Some(claimed)).await;
-    });
+        .in_current_span(),
+    );
     receiver
 }

@@ -2,9 +2,8 @@
 //! (`state.batched.apply_alerts(signals)`): concurrent calls share statements, each caller
 //! getting its own answer (see `tocsin_storage::batch`).
 
-use tocsin_domain::alerts::AlertSignal;
 use tocsin_domain::AccessToken;
-use tocsin_storage::incidents::{self, SignalOutcome};
+use tocsin_storage::incidents::{self, AlertBody, SignalOutcome};
 use tocsin_storage::outbox::Wake;
 use tocsin_storage::{batcher, submit, tokens, DbBatcher, DbError, DbPool};
 use uuid::Uuid;
@@ -16,7 +15,7 @@ const BATCH_WORKERS: usize = 4;
 
 pub struct Batched {
     tokens: DbBatcher<AccessToken, Option<Uuid>>,
-    alerts: DbBatcher<Vec<AlertSignal>, Vec<SignalOutcome>>,
+    alerts: DbBatcher<AlertBody, Vec<SignalOutcome>>,
 }
 
 impl Batched {
@@ -36,12 +35,9 @@ impl Batched {
         submit(&self.tokens, presented).await
     }
 
-    /// Applies one alert body's signals and records their events in the outbox; the caller
-    /// wakes the relay ([`incidents::apply_alerts`]).
-    pub async fn apply_alerts(
-        &self,
-        signals: Vec<AlertSignal>,
-    ) -> Result<Vec<SignalOutcome>, DbError> {
-        submit(&self.alerts, signals).await
+    /// Applies one alert body's signals and records their events in the outbox, with the
+    /// body's headers; the caller wakes the relay ([`incidents::apply_alerts`]).
+    pub async fn apply_alerts(&self, body: AlertBody) -> Result<Vec<SignalOutcome>, DbError> {
+        submit(&self.alerts, body).await
     }
 }

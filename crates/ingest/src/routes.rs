@@ -6,12 +6,15 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use tocsin_domain::alerts::{self, AlertAction, AlertError, AlertFormat};
 use tocsin_domain::{AccessToken, EventKind, IncidentStatus};
-use tocsin_storage::incidents::{Change, SignalOutcome};
+use tocsin_storage::incidents::{AlertBody, Change, SignalOutcome};
 use tocsin_storage::DbError;
 use tocsin_web::auth::bearer_token;
 use tocsin_web::body::{read_limited, BodyError};
+use tocsin_web::telemetry::{self, RemoteParent};
 use tocsin_web::{json, ApiError};
 use tokio::sync::Notify;
+use tracing::field::Empty;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::batched::Batched;
@@ -140,9 +143,28 @@ impl From<SignalOutcome> for Touched {
     }
 }
 
-/// Receives one alert notification.
-#[tracing::instrument(level = "debug", skip_all)]
+/// Receives one alert notification, in the `receive_alerts` span. The span joins the trace of a
+/// sender that sent a `traceparent`, and the trace context goes with the events it records
+/// (outbox headers).
 pub async fn receive_alerts(
+    req: HttpRequest,
+    payload: web::Payload,
+    query: web::Query<FormatQuery>,
+    state: web::Data<IngestState>,
+) -> Result<HttpResponse, ApiError> {
+    let span = tracing::debug_span!(
+        "receive_alerts",
+        otel.kind = "server",
+        format = Empty,
+        status = Empty
+    );
+    // Before the span is first entered.
+    RemoteParent::from_headers(|name| Some(req.headers().get(name)?.to_str().ok()?.to_owned()))
+        .adopt_by(&span);
+    receive(req, payload, query, state).instrument(span).await
+}
+
+async fn receive(
     req: HttpRequest,
     payload: web::Payload,
     query: web::Query<FormatQuery>,
@@ -150,14 +172,19 @@ pub async fn receive_alerts(
 ) -> Result<HttpResponse, ApiError> {
     let mut format_label = "unknown";
     let result = handle(&req, payload, &query, &state, &mut format_label).await;
+    let span = tracing::Span::current();
+    span.record("format", format_label);
     match result {
         Ok(response) => {
             state.metrics.record(format_label, "accepted");
+            span.record("status", response.status().as_u16());
             Ok(response)
         }
         Err(error) => {
             state.metrics.record(format_label, error.outcome());
-            Err(error.into())
+            let error = ApiError::from(error);
+            span.record("status", error.status().as_u16());
+            Err(error)
         }
     }
 }
@@ -193,7 +220,11 @@ async fn handle(
     let parsed = alerts::parse(&body, format)?;
     *format_label = parsed.format.as_str();
     let reply_key = parsed.signals.iter().find_map(|s| s.reply_key.clone());
-    let outcomes = state.batched.apply_alerts(parsed.signals).await?;
+    let body = AlertBody {
+        signals: parsed.signals,
+        headers: telemetry::current_headers(),
+    };
+    let outcomes = state.batched.apply_alerts(body).await?;
     if outcomes.iter().any(|o| !o.events.is_empty()) {
         state.relay.notify_one();
     }

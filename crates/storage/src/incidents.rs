@@ -111,6 +111,35 @@ pub struct SignalOutcome {
     pub events: Vec<NewEvent>,
 }
 
+/// One alert body: its signals, and the headers the messages of the events they cause carry
+/// (the trace context of the request that brought it; `None`: none).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AlertBody {
+    pub signals: Vec<AlertSignal>,
+    pub headers: Option<serde_json::Value>,
+}
+
+impl From<Vec<AlertSignal>> for AlertBody {
+    fn from(signals: Vec<AlertSignal>) -> Self {
+        AlertBody {
+            signals,
+            headers: None,
+        }
+    }
+}
+
+impl SignalOutcome {
+    /// Gives its events `headers`.
+    fn with_headers(mut self, headers: Option<&serde_json::Value>) -> Self {
+        if headers.is_some() {
+            for event in &mut self.events {
+                event.headers = headers.cloned();
+            }
+        }
+        self
+    }
+}
+
 /// The events of a change of `incident` at `at`.
 pub fn events_for(incident: &Incident, change: Change, at: OffsetDateTime) -> Vec<NewEvent> {
     let event = |kind: EventKind, previous: Option<IncidentStatus>| {
@@ -137,12 +166,12 @@ pub fn events_for(incident: &Incident, change: Change, at: OffsetDateTime) -> Ve
 }
 
 /// Applies the signals of several alert bodies in one transaction (one commit for all: ingest
-/// gathers the alerts it receives concurrently), recording their events in the outbox (`wake`
-/// says how relays learn of them). Concurrent signals for the same new key open one incident.
-/// Answers per body.
+/// gathers the alerts it receives concurrently), recording their events in the outbox with
+/// their body's headers (`wake` says how relays learn of them). Concurrent signals for the
+/// same new key open one incident. Answers per body.
 pub async fn apply_alerts(
     conn: &mut AsyncPgConnection,
-    bodies: &[Vec<AlertSignal>],
+    bodies: &[AlertBody],
     wake: Wake,
 ) -> Result<Vec<Vec<SignalOutcome>>, DbError> {
     // The database keeps microseconds: outcomes then hold what a read gives back.
@@ -156,15 +185,18 @@ pub async fn apply_alerts(
         let mut order: Vec<(usize, usize)> = bodies
             .iter()
             .enumerate()
-            .flat_map(|(body, signals)| (0..signals.len()).map(move |signal| (body, signal)))
+            .flat_map(|(n, body)| (0..body.signals.len()).map(move |signal| (n, signal)))
             .collect();
-        order.sort_by(|a, b| bodies[a.0][a.1].dedup_key.cmp(&bodies[b.0][b.1].dedup_key));
+        let key = |(body, signal): &(usize, usize)| &bodies[*body].signals[*signal].dedup_key;
+        order.sort_by(|a, b| key(a).cmp(key(b)));
         let mut applied: Vec<Vec<Option<SignalOutcome>>> = bodies
             .iter()
-            .map(|signals| vec![None; signals.len()])
+            .map(|body| vec![None; body.signals.len()])
             .collect();
-        for (body, signal) in order {
-            applied[body][signal] = Some(apply_one(conn, &bodies[body][signal], now).await?);
+        for (n, signal) in order {
+            let body = &bodies[n];
+            let outcome = apply_one(conn, &body.signals[signal], now).await?;
+            applied[n][signal] = Some(outcome.with_headers(body.headers.as_ref()));
         }
         let answers: Vec<Vec<SignalOutcome>> = applied
             .into_iter()
@@ -196,12 +228,17 @@ fn truncate_to_micros(at: OffsetDateTime) -> OffsetDateTime {
 /// applied signal by signal in one transaction, where the order of signals for one key matters.
 async fn open_all(
     conn: &mut AsyncPgConnection,
-    bodies: &[Vec<AlertSignal>],
+    bodies: &[AlertBody],
     now: OffsetDateTime,
     wake: Wake,
 ) -> Result<Option<Vec<Vec<SignalOutcome>>>, DbError> {
-    use diesel::sql_types::{Array, Int4, Nullable, Text, Timestamptz};
-    let signals: Vec<&AlertSignal> = bodies.iter().flatten().collect();
+    use diesel::sql_types::{Array, Int4, Jsonb, Nullable, Text, Timestamptz};
+    let signals: Vec<&AlertSignal> = bodies.iter().flat_map(|b| &b.signals).collect();
+    // Each signal's body's headers.
+    let headers: Vec<Option<&serde_json::Value>> = bodies
+        .iter()
+        .flat_map(|b| std::iter::repeat_n(b.headers.as_ref(), b.signals.len()))
+        .collect();
     let mut keys: Vec<&str> = signals.iter().map(|s| s.dedup_key.as_str()).collect();
     keys.sort_unstable();
     let distinct = keys.windows(2).all(|pair| pair[0] != pair[1]);
@@ -211,7 +248,8 @@ async fn open_all(
     // Each signal as the incident it would open, with the event that would announce it.
     let opening: Vec<(Incident, NewEvent)> = signals
         .iter()
-        .map(|signal| {
+        .zip(&headers)
+        .map(|(signal, headers)| {
             let incident = Incident {
                 id: Uuid::now_v7(),
                 dedup_key: signal.dedup_key.clone(),
@@ -226,7 +264,8 @@ async fn open_all(
                 labels: signal.labels.clone(),
             };
             let mut events = events_for(&incident, Change::Opened, now);
-            let event = events.pop().expect("an opened incident has its event");
+            let mut event = events.pop().expect("an opened incident has its event");
+            event.headers = headers.cloned();
             (incident, event)
         })
         .collect();
@@ -252,6 +291,9 @@ async fn open_all(
         .iter()
         .map(|(_, e)| e.message().to_bytes())
         .collect();
+    // No array at all when no body has headers (traces off).
+    let message_headers: Option<Vec<Option<&serde_json::Value>>> =
+        headers.iter().any(Option::is_some).then(|| headers.clone());
     let opened: Vec<OpenedId> = Statement::new(OPEN_ALL_SQL)
         .bind::<Array<diesel::sql_types::Uuid>, _>(&ids)
         .bind::<Array<Text>, _>(&dedup_keys)
@@ -264,7 +306,8 @@ async fn open_all(
         .bind::<Array<Int4>, _>(&arrival)
         .bind::<Timestamptz, _>(now)
         .bind::<Array<diesel::sql_types::Binary>, _>(&messages)
-        .bind::<Array<diesel::sql_types::Jsonb>, _>(&labels)
+        .bind::<Array<Jsonb>, _>(&labels)
+        .bind::<Nullable<Array<Nullable<Jsonb>>>, _>(&message_headers)
         .load(conn)
         .await?;
     let opened: std::collections::HashSet<Uuid> = opened.into_iter().map(|row| row.id).collect();
@@ -279,7 +322,8 @@ async fn open_all(
             .transaction::<_, DbError, _>(async |conn| {
                 let mut applied = Vec::with_capacity(taken.len());
                 for &n in &taken {
-                    applied.push(apply_one(conn, signals[n], now).await?);
+                    let outcome = apply_one(conn, signals[n], now).await?;
+                    applied.push(outcome.with_headers(headers[n]));
                 }
                 let events: Vec<NewEvent> = applied
                     .iter()
@@ -311,7 +355,7 @@ async fn open_all(
     Ok(Some(
         bodies
             .iter()
-            .map(|signals| flat.by_ref().take(signals.len()).collect())
+            .map(|body| flat.by_ref().take(body.signals.len()).collect())
             .collect(),
     ))
 }
@@ -323,16 +367,17 @@ struct OpenedId {
 }
 
 /// Opens an incident for each key without an open one, with its `incidents.opened` event and
-/// the outbox row that publishes it (`$11`, the event message, one per input row). Keys are
+/// the outbox row that publishes it (`$11`, the event message, one per input row, with `$13`,
+/// its headers: NULL, or an array with NULL for none); `$12` holds each incident's labels. Keys are
 /// inserted in key order (concurrent batches wait for each other in one order), outbox rows in
 /// the order the alerts came in. The conflict target's predicate is a literal: PostgreSQL must
 /// match the partial index when planning, which a bound parameter does not allow.
 const OPEN_ALL_SQL: &str = "\
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-            $7::uuid[], $8::text[], $9::int4[], $11::bytea[], $12::jsonb[])
+            $7::uuid[], $8::text[], $9::int4[], $11::bytea[], $12::jsonb[], $13::jsonb[])
         AS v(id, dedup_key, title, severity, source, description, event_id, body, arrival,
-            message, labels)
+            message, labels, headers)
 ), opened AS (
     INSERT INTO incidents
         (id, dedup_key, title, severity, status, source, description, created_at, updated_at,
@@ -345,8 +390,9 @@ WITH input AS (
     INSERT INTO events (id, kind, incident_id, occurred_at, body)
     SELECT v.event_id, 'incidents.opened', v.id, $10, v.body FROM input v JOIN opened o ON o.id = v.id
 ), queued AS (
-    INSERT INTO outbox (topic, payload)
-    SELECT 'event', v.message FROM input v JOIN opened o ON o.id = v.id ORDER BY v.arrival
+    INSERT INTO outbox (topic, headers, payload)
+    SELECT 'event', COALESCE(v.headers, '{}'), v.message FROM input v JOIN opened o ON o.id = v.id
+    ORDER BY v.arrival
 )
 SELECT id FROM opened";
 

@@ -45,6 +45,9 @@ pub struct NewEvent {
     pub body: String,
     /// For a test event: the one webhook that receives it.
     pub test_webhook_id: Option<Uuid>,
+    /// Headers its message carries besides the body, a JSON object of strings: the trace
+    /// context of the request that caused it, when traces are exported. `None`: none.
+    pub headers: Option<serde_json::Value>,
 }
 
 impl NewEvent {
@@ -56,6 +59,7 @@ impl NewEvent {
             occurred_at: payload.timestamp,
             body: payload.to_body(),
             test_webhook_id,
+            headers: None,
         }
     }
 
@@ -82,8 +86,8 @@ pub enum Wake {
     Caller,
 }
 
-/// Records events and the outbox row that publishes each; call inside the transaction of the
-/// change.
+/// Records events and the outbox row that publishes each, with the event's headers (the relay
+/// publishes them as the message's); call inside the transaction of the change.
 pub async fn record_events(
     conn: &mut AsyncPgConnection,
     new: &[NewEvent],
@@ -109,19 +113,37 @@ pub async fn record_events(
         .values(&event_rows)
         .execute(conn)
         .await?;
-    let outbox_rows: Vec<_> = new
-        .iter()
-        .map(|e| {
-            (
-                outbox::topic.eq(Topic::Event.as_str()),
-                outbox::payload.eq(e.message().to_bytes()),
-            )
-        })
-        .collect();
-    diesel::insert_into(outbox::table)
-        .values(&outbox_rows)
-        .execute(conn)
-        .await?;
+    if new.iter().all(|e| e.headers.is_none()) {
+        let outbox_rows: Vec<_> = new
+            .iter()
+            .map(|e| {
+                (
+                    outbox::topic.eq(Topic::Event.as_str()),
+                    outbox::payload.eq(e.message().to_bytes()),
+                )
+            })
+            .collect();
+        diesel::insert_into(outbox::table)
+            .values(&outbox_rows)
+            .execute(conn)
+            .await?;
+    } else {
+        let no_headers = serde_json::Value::Object(serde_json::Map::new());
+        let outbox_rows: Vec<_> = new
+            .iter()
+            .map(|e| {
+                (
+                    outbox::topic.eq(Topic::Event.as_str()),
+                    outbox::headers.eq(e.headers.as_ref().unwrap_or(&no_headers)),
+                    outbox::payload.eq(e.message().to_bytes()),
+                )
+            })
+            .collect();
+        diesel::insert_into(outbox::table)
+            .values(&outbox_rows)
+            .execute(conn)
+            .await?;
+    }
     wake_relays(conn, wake).await
 }
 

@@ -34,7 +34,7 @@ pub async fn apply_signals(
     wake: tocsin_storage::outbox::Wake,
 ) -> Result<Vec<tocsin_storage::incidents::SignalOutcome>, tocsin_storage::DbError> {
     let mut outcomes =
-        tocsin_storage::incidents::apply_alerts(conn, &[signals.to_vec()], wake).await?;
+        tocsin_storage::incidents::apply_alerts(conn, &[signals.to_vec().into()], wake).await?;
     Ok(outcomes.pop().unwrap_or_default())
 }
 

@@ -25,12 +25,7 @@ use tocsin_storage::DbPool;
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/tocsin";
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+pub use crate::telemetry::LogFormat;
 
 /// The settings shared by ingest, dispatcher and admin. `Debug` hides the URLs' passwords.
 #[derive(Clone, clap::Args)]
@@ -188,7 +183,9 @@ fn parse_client_timeout(text: &str) -> Result<Duration, String> {
 }
 
 /// A service's `main`: parses its settings (see [`parse_or_exit`]), starts logging in the
-/// format they ask for, then runs `serve` with them. An error is printed after the binary's
+/// format they ask for and, when an OTLP endpoint is set, the export of traces named after the
+/// binary ([`crate::telemetry`]), then runs `serve` with them and flushes the traces still
+/// queued. An error (unusable OpenTelemetry settings included) is printed after the binary's
 /// name, with its causes, and exits with status 1.
 pub async fn run_service<C, F, Fut>(
     binary: &str,
@@ -201,8 +198,13 @@ where
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
     let config: C = parse_or_exit(binary);
-    init_tracing(log_format(&config));
-    exit_code(binary, serve(config).await)
+    let telemetry = match crate::telemetry::init(log_format(&config), binary) {
+        Ok(telemetry) => telemetry,
+        Err(error) => return exit_code(binary, Err(error)),
+    };
+    let result = serve(config).await;
+    telemetry.shutdown().await;
+    exit_code(binary, result)
 }
 
 /// The exit status of a binary whose work ended with `result`: 0, or 1 after printing the error
@@ -249,15 +251,11 @@ pub fn parse_or_exit<T: clap::Parser>(binary: &str) -> T {
     }
 }
 
-/// Installs the tracing subscriber (`RUST_LOG`, default `info`). Safe to call more than once.
+/// Installs the tracing subscriber (`RUST_LOG`, default `info`), logging only: a service's
+/// binary calls [`crate::telemetry::init`], which exports traces too when asked to. Safe to
+/// call more than once.
 pub fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
+    crate::telemetry::init_logging(format);
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! What Tocsin's three services share at start and over actix-web: the settings every service
 //! reads ([`config`]: the pool, the broker handle, logging), the one JSON error shape, strict
 //! JSON body parsing that names the offending field, bearer tokens, `/healthz` `/readyz`
-//! `/metrics`, and a service runner that stops gracefully on SIGTERM.
+//! `/metrics`, a service runner that stops gracefully on SIGTERM, and the export of traces
+//! over OpenTelemetry when an OTLP endpoint is set ([`telemetry`]).
 
 pub mod auth;
 pub mod body;
@@ -11,6 +12,7 @@ pub mod health;
 pub mod json;
 pub mod metrics;
 pub mod service;
+pub mod telemetry;
 
 pub use error::{ApiError, ErrorBody};
 pub use health::Readiness;

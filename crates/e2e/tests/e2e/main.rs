@@ -12,3 +12,4 @@ mod secrets;
 mod shutdown;
 mod slowloris;
 mod subscriptions;
+mod traces;

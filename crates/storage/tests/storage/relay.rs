@@ -14,6 +14,7 @@ use tocsin_domain::alerts::{AlertAction, AlertSignal};
 use tocsin_domain::delivery::Trigger;
 use tocsin_domain::{EventKind, IncidentTitle, RetrySettings, Severity, TargetUrl, WebhookName};
 use tocsin_storage::deliveries;
+use tocsin_storage::incidents::{self, AlertBody};
 use tocsin_storage::outbox::{self, NewEvent};
 use tocsin_storage::relay::OutboxRelay;
 use tocsin_storage::webhooks::{self, NewWebhook};
@@ -128,6 +129,71 @@ async fn the_relay_publishes_an_event_row_to_the_events_exchange_exactly_once() 
         .is_empty());
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
     assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 0);
+}
+
+/// The headers of an alert body (the trace context of the request that brought it) travel with
+/// its events: stored on their outbox rows, by the one-statement opening and by the
+/// transaction alike, and published as the messages' headers; a body without headers gives
+/// messages without them.
+#[tokio::test]
+async fn an_alert_bodys_headers_travel_on_its_event_messages() {
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    let (broker, relay) = broker_and_relay(&db, &prefix);
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let signal = |key: &str, action| AlertSignal {
+        dedup_key: key.into(),
+        action,
+        title: IncidentTitle::parse("CPU hot").unwrap(),
+        severity: Severity::SEV3,
+        description: None,
+        source: None,
+        reply_key: None,
+        labels: Default::default(),
+    };
+    let traced = |n: u8| {
+        serde_json::json!({
+            "traceparent": format!("00-4bf92f3577b34da6a3ce929d0e0e47{n:02x}-00f067aa0ba902b7-01"),
+        })
+    };
+    let body = |signals, headers| AlertBody { signals, headers };
+    // Triggers for new keys: opened by the one statement.
+    let opened = incidents::apply_alerts(
+        &mut conn,
+        &[
+            body(
+                vec![signal("traced", AlertAction::Trigger)],
+                Some(traced(1)),
+            ),
+            body(vec![signal("plain", AlertAction::Trigger)], None),
+        ],
+        outbox::Wake::Caller,
+    )
+    .await
+    .unwrap();
+    assert_eq!(opened[0][0].events[0].headers, Some(traced(1)));
+    assert_eq!(opened[1][0].events[0].headers, None);
+    // An acknowledge: applied in a transaction.
+    let acknowledged = incidents::apply_alerts(
+        &mut conn,
+        &[body(
+            vec![signal("traced", AlertAction::Acknowledge)],
+            Some(traced(2)),
+        )],
+        outbox::Wake::Caller,
+    )
+    .await
+    .unwrap();
+    assert_eq!(acknowledged[0][0].events[0].headers, Some(traced(2)));
+
+    assert_eq!(relay.drain().await.unwrap(), 3);
+    let messages = drain_queue(&broker, &broker.topology().fanout_queue()).await;
+    let traceparents: Vec<Option<String>> = messages
+        .iter()
+        .map(|m| header_str(&m.properties, "traceparent"))
+        .collect();
+    let expected = |n: u8| traced(n)["traceparent"].as_str().map(str::to_owned);
+    assert_eq!(traceparents, [expected(1), None, expected(2)]);
 }
 
 /// A manual attempt's outbox row goes to the delivery queue with its trigger header, not to the

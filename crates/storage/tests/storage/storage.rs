@@ -481,8 +481,8 @@ async fn recording_events_writes_one_event_outbox_row_per_event_and_no_delivery(
     let batch = incidents::apply_alerts(
         &mut conn,
         &[
-            vec![signal("a", AlertAction::Trigger)],
-            vec![signal("b", AlertAction::Trigger)],
+            vec![signal("a", AlertAction::Trigger)].into(),
+            vec![signal("b", AlertAction::Trigger)].into(),
         ],
         outbox::Wake::Caller,
     )
