@@ -107,6 +107,19 @@ impl System {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// A webhook's deliveries as the delivery log lists them (its first page), newest first.
+    pub async fn deliveries_of(&self, webhook: &str) -> Vec<Value> {
+        let (status, body) = self
+            .api(
+                reqwest::Method::GET,
+                &format!("/api/v1/deliveries?webhook_id={webhook}"),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body["items"].as_array().cloned().unwrap_or_default()
+    }
+
     /// Posts an alert body to ingest; returns the status and the JSON body.
     pub async fn alert(&self, body: &Value) -> (u16, Value) {
         let response = self

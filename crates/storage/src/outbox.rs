@@ -161,31 +161,18 @@ pub async fn enqueue_automatic(
     conn: &mut AsyncPgConnection,
     due: &[crate::deliveries::Due],
 ) -> Result<(), DbError> {
-    if due.is_empty() {
-        return Ok(());
-    }
-    let rows: Vec<_> = due
-        .iter()
-        .map(|due| {
-            (
-                outbox::topic.eq(Topic::Delivery.as_str()),
-                outbox::headers.eq(serde_json::json!({
-                    tocsin_broker::messages::TRIGGER_HEADER: Trigger::Automatic.as_str(),
-                    tocsin_broker::messages::ATTEMPT_HEADER: due.auto_attempts + 1,
-                })),
-                outbox::payload.eq(DeliveryMessage {
-                    delivery_id: due.delivery_id,
-                    webhook_id: Some(due.webhook_id),
-                }
-                .to_bytes()),
-            )
-        })
-        .collect();
-    diesel::insert_into(outbox::table)
-        .values(&rows)
-        .execute(conn)
-        .await?;
-    notify(conn).await
+    let messages = due.iter().map(|due| {
+        let headers = serde_json::json!({
+            tocsin_broker::messages::TRIGGER_HEADER: Trigger::Automatic.as_str(),
+            tocsin_broker::messages::ATTEMPT_HEADER: due.auto_attempts + 1,
+        });
+        let message = DeliveryMessage {
+            delivery_id: due.delivery_id,
+            webhook_id: Some(due.webhook_id),
+        };
+        (headers, message)
+    });
+    enqueue(conn, messages.collect()).await
 }
 
 /// Records a request for one immediate attempt of a delivery (a manual retry).
@@ -194,21 +181,32 @@ pub async fn enqueue_attempt(
     delivery_ids: &[Uuid],
     trigger: Trigger,
 ) -> Result<(), DbError> {
-    if delivery_ids.is_empty() {
+    let headers = serde_json::json!({ tocsin_broker::messages::TRIGGER_HEADER: trigger.as_str() });
+    let messages = delivery_ids.iter().map(|id| {
+        let message = DeliveryMessage {
+            delivery_id: *id,
+            webhook_id: None,
+        };
+        (headers.clone(), message)
+    });
+    enqueue(conn, messages.collect()).await
+}
+
+/// Writes delivery messages, with their headers, for the relay to publish.
+async fn enqueue(
+    conn: &mut AsyncPgConnection,
+    messages: Vec<(serde_json::Value, DeliveryMessage)>,
+) -> Result<(), DbError> {
+    if messages.is_empty() {
         return Ok(());
     }
-    let headers = serde_json::json!({ tocsin_broker::messages::TRIGGER_HEADER: trigger.as_str() });
-    let rows: Vec<_> = delivery_ids
-        .iter()
-        .map(|id| {
+    let rows: Vec<_> = messages
+        .into_iter()
+        .map(|(headers, message)| {
             (
                 outbox::topic.eq(Topic::Delivery.as_str()),
-                outbox::headers.eq(headers.clone()),
-                outbox::payload.eq(DeliveryMessage {
-                    delivery_id: *id,
-                    webhook_id: None,
-                }
-                .to_bytes()),
+                outbox::headers.eq(headers),
+                outbox::payload.eq(message.to_bytes()),
             )
         })
         .collect();

@@ -33,6 +33,9 @@ pub struct Incident {
     pub updated_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339::option")]
     pub resolved_at: Option<OffsetDateTime>,
+    /// The labels of the alert that opened it, which webhook `filters.labels` match.
+    #[schema(example = json!({"team": "db"}))]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 impl From<repo::Incident> for Incident {
@@ -48,6 +51,7 @@ impl From<repo::Incident> for Incident {
             created_at: i.created_at,
             updated_at: i.updated_at,
             resolved_at: i.resolved_at,
+            labels: i.labels,
         }
     }
 }

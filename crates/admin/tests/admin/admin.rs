@@ -1455,9 +1455,11 @@ async fn incident_status_changes_follow_the_rules_and_emit_events() {
             "description",
             "created_at",
             "updated_at",
-            "resolved_at"
+            "resolved_at",
+            "labels"
         ])
     );
+    assert_eq!(incident["labels"], json!({}));
     assert_eq!(incident["status"], "triggered");
     assert_eq!(incident["severity"], "SEV2");
 

@@ -11,18 +11,6 @@ use tocsin_testkit::{wait_for, Behavior, Receiver, FAST_RETRY_DELAYS};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
-async fn deliveries_of(system: &System, webhook: &str) -> Vec<Value> {
-    let (status, body) = system
-        .api(
-            Method::GET,
-            &format!("/api/v1/deliveries?webhook_id={webhook}"),
-            None,
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    body["items"].as_array().cloned().unwrap_or_default()
-}
-
 #[tokio::test]
 async fn an_alert_reaches_the_target_and_the_log_tells_the_whole_story() {
     let system = System::start(FAST_RETRY_DELAYS).await;
@@ -50,7 +38,8 @@ async fn an_alert_reaches_the_target_and_the_log_tells_the_whole_story() {
 
     // The delivery and its attempt, through the API.
     let delivery = wait_for("a succeeded delivery in the log", DEADLINE, || async {
-        deliveries_of(&system, &webhook_id)
+        system
+            .deliveries_of(&webhook_id)
             .await
             .into_iter()
             .find(|d| d["state"] == "succeeded")
@@ -91,7 +80,8 @@ async fn an_alert_reaches_the_target_and_the_log_tells_the_whole_story() {
         .await;
     assert_eq!(status, 202);
     let failed = wait_for("a failed delivery", DEADLINE, || async {
-        deliveries_of(&system, &webhook_id)
+        system
+            .deliveries_of(&webhook_id)
             .await
             .into_iter()
             .find(|d| d["state"] == "failed")
@@ -223,7 +213,8 @@ async fn a_response_body_is_kept_up_to_the_cap_and_marked_when_truncated() {
     assert_eq!(status, 202);
     for (path, webhook) in &webhooks {
         let delivery = wait_for("a succeeded delivery", DEADLINE, || async {
-            deliveries_of(&system, webhook)
+            system
+                .deliveries_of(webhook)
                 .await
                 .into_iter()
                 .find(|d| d["state"] == "succeeded")

@@ -29,18 +29,6 @@ async fn read(system: &System, id: &str) -> Value {
     webhook
 }
 
-async fn deliveries_of(system: &System, webhook: &str) -> Vec<Value> {
-    let (status, body) = system
-        .api(
-            Method::GET,
-            &format!("/api/v1/deliveries?webhook_id={webhook}"),
-            None,
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    body["items"].as_array().cloned().unwrap_or_default()
-}
-
 async fn alert(system: &System, key: &str, severity: &str) {
     let (status, body) = system
         .alert(
@@ -89,20 +77,25 @@ async fn a_filtered_webhook_gets_only_matching_events_with_its_headers() {
 
     // Nothing more comes for the SEV4 alert; its event made no delivery to the pager.
     wait_until("every delivery succeeded", DEADLINE, || async {
-        let pager = deliveries_of(&system, &pager).await;
-        let db = deliveries_of(&system, &by_label).await;
+        let pager = system.deliveries_of(&pager).await;
+        let db = system.deliveries_of(&by_label).await;
         pager.len() == 1
             && db.len() == 2
             && pager.iter().chain(&db).all(|d| d["state"] == "succeeded")
     })
     .await;
     assert_eq!(receiver.count(), 3);
+    let incident = event["data"]["id"].as_str().unwrap();
+    let (_, opened) = system
+        .api(Method::GET, &format!("/api/v1/incidents/{incident}"), None)
+        .await;
+    assert_eq!(opened["labels"], json!({"team": "db"}), "{opened}");
 
     // The header's value is masked in reads and in the delivery log.
     let webhook = read(&system, &pager).await;
     assert_eq!(webhook["headers"], json!({"x-team-key": "***"}));
     assert_eq!(webhook["filters"], json!({"severities": ["SEV1"]}));
-    let delivery = deliveries_of(&system, &pager).await.remove(0);
+    let delivery = system.deliveries_of(&pager).await.remove(0);
     let (_, detail) = system
         .api(
             Method::GET,
@@ -208,7 +201,8 @@ async fn a_failing_webhook_shows_its_health_is_disabled_automatically_and_recove
     let sent_before = receiver.count();
     alert(&system, "while-disabled", "SEV2").await;
     let waiting = wait_for("the delivery listed as waiting", DEADLINE, || async {
-        deliveries_of(&system, &id)
+        system
+            .deliveries_of(&id)
             .await
             .into_iter()
             .find(|d| d["state"] == "waiting")
@@ -239,7 +233,8 @@ async fn a_failing_webhook_shows_its_health_is_disabled_automatically_and_recove
     assert_eq!(recovered["sent_waiting"], 1, "{recovered}");
     let waiting_id = waiting["id"].as_str().unwrap().to_owned();
     wait_until("the waiting delivery succeeded", DEADLINE, || async {
-        deliveries_of(&system, &id)
+        system
+            .deliveries_of(&id)
             .await
             .iter()
             .any(|d| d["id"] == waiting_id.as_str() && d["state"] == "succeeded")
@@ -268,7 +263,7 @@ async fn a_rate_limited_webhook_makes_deliveries_wait_and_drops_none() {
     }
     let saw_waiting = std::sync::atomic::AtomicBool::new(false);
     wait_until("all eight delivered", DEADLINE, || async {
-        let deliveries = deliveries_of(&system, &id).await;
+        let deliveries = system.deliveries_of(&id).await;
         if deliveries
             .iter()
             .any(|d| d["state"] == "waiting" && d["wait_reason"] == "rate_limited")
@@ -287,7 +282,7 @@ async fn a_rate_limited_webhook_makes_deliveries_wait_and_drops_none() {
     // half second, so the eighth at least three seconds after the first (when the attempts
     // were claimed, as the log records them).
     let mut starts = Vec::new();
-    for delivery in deliveries_of(&system, &id).await {
+    for delivery in system.deliveries_of(&id).await {
         let (_, detail) = system
             .api(
                 Method::GET,
