@@ -162,26 +162,35 @@ ORDER BY h.webhook_id",
         let now = OffsetDateTime::now_utc();
         let done = conn
             .transaction::<_, DbError, _>(async |conn| {
-                // Still failing once locked: a success meanwhile clears `failing_since`.
+                // Locks the webhook first, then its deliveries (as an operator's disabling
+                // does): never the health row, which recording an outcome locks after the
+                // delivery's, so that the two cannot wait for each other.
+                match set_enabled(conn, row.webhook_id, false, &reason, now).await {
+                    Ok(webhook) if webhook.disabled_reason.as_deref() == Some(reason.as_str()) => {}
+                    // Disabled already, or deleted meanwhile.
+                    Ok(_) | Err(DbError::NotFound) => return Ok(false),
+                    Err(error) => return Err(error),
+                }
+                // A success recorded meanwhile clears `failing_since`: then it stays enabled.
                 let still: Vec<One> = Statement::new(
-                    "SELECT 1 AS one FROM webhook_health
-WHERE webhook_id = $1 AND failing_since = $2 FOR UPDATE",
+                    "SELECT 1 AS one FROM webhook_health WHERE webhook_id = $1 AND failing_since = $2",
                 )
                 .bind::<SqlUuid, _>(row.webhook_id)
                 .bind::<Timestamptz, _>(row.failing_since)
                 .load(conn)
                 .await?;
                 if still.is_empty() {
-                    return Ok(false);
+                    // Rolls the disabling back.
+                    return Err(DbError::Query(diesel::result::Error::RollbackTransaction));
                 }
-                match set_enabled(conn, row.webhook_id, false, &reason, now).await {
-                    Ok(webhook) => Ok(webhook.disabled_reason.as_deref() == Some(reason.as_str())),
-                    // Deleted meanwhile.
-                    Err(DbError::NotFound) => Ok(false),
-                    Err(error) => Err(error),
-                }
+                Ok(true)
             })
-            .await?;
+            .await;
+        let done = match done {
+            Ok(done) => done,
+            Err(DbError::Query(diesel::result::Error::RollbackTransaction)) => false,
+            Err(error) => return Err(error),
+        };
         if done {
             disabled.push(AutoDisabled {
                 webhook_id: row.webhook_id,

@@ -23,19 +23,22 @@ use tocsin_domain::{
 use tocsin_storage::outbox::{self, NewEvent};
 use tocsin_storage::tokens;
 use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestDb, TestPrefix};
+
+use crate::common::RunningAdmin;
 use tocsin_web::config::CommonConfig;
 use uuid::Uuid;
 
 const DEADLINE: Duration = Duration::from_secs(15);
 const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
-struct TestAdmin {
-    db: TestDb,
-    prefix: TestPrefix,
-    base: String,
-    client: reqwest::Client,
-    stop: tokio_util::sync::CancellationToken,
-    running: tokio::task::JoinHandle<anyhow::Result<()>>,
+/// The admin under test, with the API helpers of this module.
+struct TestAdmin(RunningAdmin);
+
+impl std::ops::Deref for TestAdmin {
+    type Target = RunningAdmin;
+    fn deref(&self) -> &RunningAdmin {
+        &self.0
+    }
 }
 
 impl TestAdmin {
@@ -44,27 +47,7 @@ impl TestAdmin {
     }
 
     async fn start_with(db: TestDb, adjust: impl FnOnce(&mut Config)) -> Self {
-        let prefix = TestPrefix::new();
-        let mut common = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix);
-        common.shutdown_timeout = Duration::from_secs(3);
-        let mut config = Config::for_tests(common, ADMIN_TOKEN);
-        adjust(&mut config);
-        let app = tocsin_admin::build(config).await.expect("building admin");
-        let base = format!("http://127.0.0.1:{}", app.port());
-        let stop = app.stop_token();
-        let running = tokio::spawn(app.run_until_stopped());
-        TestAdmin {
-            db,
-            prefix,
-            base,
-            client: reqwest::Client::new(),
-            stop,
-            running,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+        TestAdmin(RunningAdmin::start(db, ADMIN_TOKEN, adjust).await)
     }
 
     async fn send(&self, method: Method, path: &str, body: Option<&Value>) -> (StatusCode, Value) {
@@ -131,10 +114,6 @@ impl TestAdmin {
         body
     }
 
-    async fn conn(&self) -> AsyncPgConnection {
-        AsyncPgConnection::establish(&self.db.url).await.unwrap()
-    }
-
     async fn count(&self, table_and_condition: &str) -> i64 {
         self.db.count(table_and_condition).await
     }
@@ -163,9 +142,7 @@ impl TestAdmin {
     }
 
     async fn stop(self) {
-        self.stop.cancel();
-        self.running.await.unwrap().unwrap();
-        drop(self.prefix);
+        self.0.stop().await;
     }
 }
 

@@ -6,15 +6,14 @@
 //! `PROPTEST_CASES` sets the number of requests of each fuzz test (default 500) and
 //! `TOCSIN_FUZZ_TIME` bounds each run (default 60 s); see `tocsin_testkit::fuzz`.
 
-use std::time::Duration;
-
 use proptest::prelude::*;
 use reqwest::Method;
 use serde_json::{json, Value};
 use tocsin_admin::Config;
 use tocsin_testkit::fuzz::{self, Budget};
-use tocsin_testkit::{amqp_url, TestDb, TestPrefix};
-use tocsin_web::config::CommonConfig;
+use tocsin_testkit::TestDb;
+
+use crate::common::RunningAdmin;
 
 const TOKEN: &str = "fuzz-admin-token-0123456789";
 const NIL: &str = "00000000-0000-0000-0000-000000000000";
@@ -62,40 +61,21 @@ const FORM_FIELDS: &[&str] = &[
     "csrf",
 ];
 
-struct TestAdmin {
-    _db: TestDb,
-    _prefix: TestPrefix,
-    base: String,
-    client: reqwest::Client,
-    stop: tokio_util::sync::CancellationToken,
-    running: tokio::task::JoinHandle<anyhow::Result<()>>,
+/// The admin under test, with the helpers of this module.
+struct TestAdmin(RunningAdmin);
+
+impl std::ops::Deref for TestAdmin {
+    type Target = RunningAdmin;
+    fn deref(&self) -> &RunningAdmin {
+        &self.0
+    }
 }
 
 impl TestAdmin {
     /// Admin with wrong-token attempts limited only after `auth_failures` a minute.
     async fn start(auth_failures: u16) -> TestAdmin {
-        let db = TestDb::new().await;
-        let prefix = TestPrefix::new();
-        let mut common = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix);
-        common.shutdown_timeout = Duration::from_secs(3);
-        let mut config = Config::for_tests(common, TOKEN);
-        config.auth_failures = auth_failures;
-        let app = tocsin_admin::build(config).await.unwrap();
-        let base = format!("http://127.0.0.1:{}", app.port());
-        let stop = app.stop_token();
-        let running = tokio::spawn(app.run_until_stopped());
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap();
-        TestAdmin {
-            _db: db,
-            _prefix: prefix,
-            base,
-            client,
-            stop,
-            running,
-        }
+        let adjust = |config: &mut Config| config.auth_failures = auth_failures;
+        TestAdmin(RunningAdmin::start(TestDb::new().await, TOKEN, adjust).await)
     }
 
     /// An API call with a raw JSON body; returns the status and the JSON answer.
@@ -155,8 +135,7 @@ impl TestAdmin {
     }
 
     async fn stop(self) {
-        self.stop.cancel();
-        self.running.await.unwrap().unwrap();
+        self.0.stop().await;
     }
 }
 

@@ -3,5 +3,6 @@
 //! `cargo nextest run -p tocsin-admin -E 'test(/^admin::/)'`.
 
 mod admin;
+mod common;
 mod fuzz;
 mod pages;

@@ -3,32 +3,31 @@
 //! signed in and signed out, form errors beside their fields, HTML escaping, and each action
 //! doing what the API does. (A real browser drives them in `crates/e2e/tests/e2e/browser.rs`.)
 
-use std::time::Duration;
-
-use diesel_async::{AsyncConnection, AsyncPgConnection};
+use diesel_async::AsyncPgConnection;
 use reqwest::header::{COOKIE, LOCATION, ORIGIN, SET_COOKIE};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use time::OffsetDateTime;
-use tocsin_admin::Config;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
 use tocsin_domain::{
     EventKind, EventPayload, IncidentData, IncidentStatus, IncidentTitle, Severity,
 };
 use tocsin_storage::outbox::{self, NewEvent};
-use tocsin_testkit::{amqp_url, TestDb, TestPrefix};
-use tocsin_web::config::CommonConfig;
+use tocsin_testkit::TestDb;
+
+use crate::common::RunningAdmin;
 use uuid::Uuid;
 
 const ADMIN_TOKEN: &str = "pages-admin-token-0123456789";
 
-struct TestAdmin {
-    db: TestDb,
-    prefix: TestPrefix,
-    base: String,
-    client: reqwest::Client,
-    stop: tokio_util::sync::CancellationToken,
-    running: tokio::task::JoinHandle<anyhow::Result<()>>,
+/// The admin under test, with the page helpers of this module.
+struct TestAdmin(RunningAdmin);
+
+impl std::ops::Deref for TestAdmin {
+    type Target = RunningAdmin;
+    fn deref(&self) -> &RunningAdmin {
+        &self.0
+    }
 }
 
 /// A signed-in browser, as far as the server can tell: the session cookie and the CSRF token
@@ -72,28 +71,7 @@ impl Page {
 
 impl TestAdmin {
     async fn start() -> Self {
-        let db = TestDb::new().await;
-        let prefix = TestPrefix::new();
-        let mut common = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix);
-        common.shutdown_timeout = Duration::from_secs(3);
-        let app = tocsin_admin::build(Config::for_tests(common, ADMIN_TOKEN))
-            .await
-            .expect("building admin");
-        let base = format!("http://127.0.0.1:{}", app.port());
-        let stop = app.stop_token();
-        let running = tokio::spawn(app.run_until_stopped());
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap();
-        TestAdmin {
-            db,
-            prefix,
-            base,
-            client,
-            stop,
-            running,
-        }
+        TestAdmin(RunningAdmin::start(TestDb::new().await, ADMIN_TOKEN, |_| {}).await)
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Page {
@@ -185,14 +163,8 @@ impl TestAdmin {
             .await
     }
 
-    async fn conn(&self) -> AsyncPgConnection {
-        AsyncPgConnection::establish(&self.db.url).await.unwrap()
-    }
-
     async fn stop(self) {
-        self.stop.cancel();
-        self.running.await.unwrap().unwrap();
-        drop(self.prefix);
+        self.0.stop().await;
     }
 }
 

@@ -1,0 +1,64 @@
+//! The set-up every module of this binary shares: an admin on port 0 with a database and an
+//! AMQP prefix of its own, a client that follows no redirect (the pages answer with them), and a
+//! clean stop. Each module wraps it in a `TestAdmin` of its own, which derefs to it, and adds
+//! the helpers it needs there (so that their names never collide across modules).
+
+use std::time::Duration;
+
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use tocsin_admin::Config;
+use tocsin_testkit::{amqp_url, TestDb, TestPrefix};
+use tocsin_web::config::CommonConfig;
+
+/// A running admin.
+pub struct RunningAdmin {
+    pub db: TestDb,
+    pub prefix: TestPrefix,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    pub client: reqwest::Client,
+    stop: tokio_util::sync::CancellationToken,
+    running: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl RunningAdmin {
+    /// Starts admin on `db` with the admin token `token`, its settings changed by `adjust`.
+    pub async fn start(db: TestDb, token: &str, adjust: impl FnOnce(&mut Config)) -> Self {
+        let prefix = TestPrefix::new();
+        let mut common = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix);
+        common.shutdown_timeout = Duration::from_secs(3);
+        let mut config = Config::for_tests(common, token);
+        adjust(&mut config);
+        let app = tocsin_admin::build(config).await.expect("building admin");
+        let base = format!("http://127.0.0.1:{}", app.port());
+        let stop = app.stop_token();
+        let running = tokio::spawn(app.run_until_stopped());
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("an HTTP client");
+        RunningAdmin {
+            db,
+            prefix,
+            base,
+            client,
+            stop,
+            running,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub async fn conn(&self) -> AsyncPgConnection {
+        AsyncPgConnection::establish(&self.db.url).await.unwrap()
+    }
+
+    /// Stops it and waits until it has stopped.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.running.await.unwrap().unwrap();
+        drop(self.prefix);
+    }
+}
