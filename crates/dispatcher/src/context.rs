@@ -75,6 +75,8 @@ pub(crate) struct Context {
     pub tasks: TaskTracker,
     /// The repository operations whose concurrent calls share statements.
     pub batched: Batched,
+    /// Attempt outcomes by webhook, written as their health once a second.
+    pub health: crate::health::HealthTally,
 }
 
 impl Context {

@@ -219,6 +219,7 @@ async fn make(ctx: &Context, job: Job, slot: Option<Slot>) -> Outcome {
         Ok(None) => return Outcome::Done,
         Err(outcome) => return outcome,
     };
+    ctx.health.add(job.webhook.id, &completion.result);
     if !completed.moved {
         return Outcome::Done;
     }

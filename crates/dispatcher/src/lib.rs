@@ -9,6 +9,7 @@ mod context;
 mod deliver;
 mod fanout;
 mod gauges;
+mod health;
 mod metrics;
 mod slots;
 mod ssrf;

@@ -75,6 +75,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         requests: Arc::new(Semaphore::new(usize::from(config.concurrency))),
         tasks: TaskTracker::new(),
         batched: Batched::start(&pool, claim_rules, schedule_attempts),
+        health: Default::default(),
     });
 
     let readiness = Readiness {
@@ -159,6 +160,10 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             }
         });
     }
+    background.spawn(
+        "health",
+        crate::health::run(context.clone(), common.shutdown_timeout, background.token()),
+    );
     background.spawn(
         "sweeper",
         crate::sweeper::run(

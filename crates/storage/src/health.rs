@@ -1,7 +1,8 @@
-//! Webhook health: how a webhook's target has been answering, kept up to date by every
-//! recorded attempt outcome (`sql/complete.sql` updates `webhook_health` and the five-minute
-//! `webhook_outcomes` buckets in the statement that records the outcome), so that reading it
-//! never scans the attempt log. Auto-disable reads it too.
+//! Webhook health: how a webhook's target has been answering. Each dispatcher tallies the
+//! outcomes it records ([`Tally`]) and writes the tallies once a second ([`record`]) into
+//! `webhook_health` and the five-minute `webhook_outcomes` buckets, so that reading health never
+//! scans the attempt log and recording an attempt never waits for another on a webhook's health
+//! row. Auto-disable reads it too.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -24,6 +25,93 @@ type SqlUuid = diesel::sql_types::Uuid;
 /// five-minute buckets that began within it (so the last 55 to 60 minutes, and 23 h 55 min to
 /// 24 h).
 pub const RATE_WINDOWS: [time::Duration; 2] = [time::Duration::HOUR, time::Duration::DAY];
+
+/// One dispatcher's tally of a webhook's attempt outcomes since its last [`record`], in the
+/// order they were recorded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub successes: i32,
+    pub failures: i32,
+    /// Failures after the last success of the tally (all of them without one).
+    pub trailing_failures: i32,
+    pub last_success_at: Option<OffsetDateTime>,
+    pub last_failure_at: Option<OffsetDateTime>,
+    /// The first of the trailing failures.
+    pub failing_since: Option<OffsetDateTime>,
+    pub last_error: Option<String>,
+}
+
+impl Tally {
+    /// Adds an outcome recorded at `at`; `error` describes a failure.
+    pub fn add(&mut self, success: bool, error: Option<String>, at: OffsetDateTime) {
+        if success {
+            self.successes += 1;
+            self.trailing_failures = 0;
+            self.failing_since = None;
+            self.last_success_at = Some(at);
+        } else {
+            self.failures += 1;
+            self.trailing_failures += 1;
+            self.failing_since.get_or_insert(at);
+            self.last_failure_at = Some(at);
+            self.last_error = error.or(self.last_error.take());
+        }
+    }
+}
+
+impl Tally {
+    /// This tally followed by `newer` (outcomes recorded after it), as one.
+    pub fn followed_by(mut self, newer: Option<Tally>) -> Tally {
+        let Some(newer) = newer else {
+            return self;
+        };
+        self.successes += newer.successes;
+        self.failures += newer.failures;
+        if newer.last_success_at.is_some() {
+            self.trailing_failures = newer.trailing_failures;
+            self.failing_since = newer.failing_since;
+            self.last_success_at = newer.last_success_at;
+        } else {
+            self.trailing_failures += newer.trailing_failures;
+            self.failing_since = self.failing_since.or(newer.failing_since);
+        }
+        self.last_failure_at = newer.last_failure_at.or(self.last_failure_at);
+        self.last_error = newer.last_error.or(self.last_error);
+        self
+    }
+}
+
+/// Writes tallies of several webhooks (see `sql/record_health.sql`).
+pub async fn record(
+    conn: &mut AsyncPgConnection,
+    tallies: &[(Uuid, Tally)],
+) -> Result<(), DbError> {
+    use diesel::sql_types::Array;
+    if tallies.is_empty() {
+        return Ok(());
+    }
+    let column = |f: fn(&Tally) -> i32| -> Vec<i32> { tallies.iter().map(|(_, t)| f(t)).collect() };
+    let times = |f: fn(&Tally) -> Option<OffsetDateTime>| -> Vec<Option<OffsetDateTime>> {
+        tallies.iter().map(|(_, t)| f(t)).collect()
+    };
+    let ids: Vec<Uuid> = tallies.iter().map(|(id, _)| *id).collect();
+    let errors: Vec<Option<&str>> = tallies
+        .iter()
+        .map(|(_, t)| t.last_error.as_deref())
+        .collect();
+    Statement::new(include_str!("sql/record_health.sql"))
+        .bind::<Array<SqlUuid>, _>(&ids)
+        .bind::<Array<Int4>, _>(column(|t| t.successes))
+        .bind::<Array<Int4>, _>(column(|t| t.failures))
+        .bind::<Array<Int4>, _>(column(|t| t.trailing_failures))
+        .bind::<Array<Nullable<Timestamptz>>, _>(times(|t| t.last_success_at))
+        .bind::<Array<Nullable<Timestamptz>>, _>(times(|t| t.last_failure_at))
+        .bind::<Array<Nullable<Timestamptz>>, _>(times(|t| t.failing_since))
+        .bind::<Array<Nullable<Text>>, _>(&errors)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
 
 /// A webhook's health. Interrupted attempts (their dispatcher stopped) are not the target's
 /// doing and do not count.
@@ -206,4 +294,47 @@ struct One {
     #[diesel(sql_type = Int4)]
     #[allow(dead_code)]
     one: i32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> OffsetDateTime {
+        OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(seconds)
+    }
+
+    #[test]
+    fn a_tally_counts_the_failures_after_its_last_success() {
+        let mut tally = Tally::default();
+        tally.add(false, Some("timeout".into()), at(1));
+        tally.add(true, None, at(2));
+        tally.add(false, Some("connect".into()), at(3));
+        tally.add(false, None, at(4));
+        assert_eq!(
+            (tally.successes, tally.failures, tally.trailing_failures),
+            (1, 3, 2)
+        );
+        assert_eq!(tally.failing_since, Some(at(3)));
+        assert_eq!(tally.last_success_at, Some(at(2)));
+        assert_eq!(tally.last_failure_at, Some(at(4)));
+        assert_eq!(tally.last_error.as_deref(), Some("connect"));
+    }
+
+    #[test]
+    fn a_tally_put_back_before_newer_outcomes_reads_as_one() {
+        let mut older = Tally::default();
+        older.add(false, Some("timeout".into()), at(1));
+        let mut failing = Tally::default();
+        failing.add(false, Some("connect".into()), at(2));
+        let joined = older.clone().followed_by(Some(failing));
+        assert_eq!((joined.failures, joined.trailing_failures), (2, 2));
+        assert_eq!(joined.failing_since, Some(at(1)));
+        assert_eq!(joined.last_error.as_deref(), Some("connect"));
+        let mut recovered = Tally::default();
+        recovered.add(true, None, at(3));
+        let joined = older.clone().followed_by(Some(recovered));
+        assert_eq!((joined.trailing_failures, joined.failing_since), (0, None));
+        assert_eq!(older.clone().followed_by(None), older);
+    }
 }

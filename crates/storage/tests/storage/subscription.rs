@@ -1,5 +1,5 @@
 //! What a webhook asks of its deliveries beyond its target, on the real database: its health
-//! kept by every recorded outcome, auto-disable, subscription filters in the fan-out, the
+//! as dispatchers record their tallies, auto-disable, subscription filters in the fan-out, the
 //! recovery of deliveries that waited while it was disabled, and the rate budget that every
 //! dispatcher's claims share.
 
@@ -11,18 +11,17 @@ use time::OffsetDateTime;
 use tocsin_domain::alerts::AlertAction;
 use tocsin_domain::delivery::WaitReason;
 use tocsin_domain::{RateLimit, Severity, WebhookFilters};
-use tocsin_storage::attempts::{self, AttemptResult, Claim};
+use tocsin_storage::attempts::{self, Claim};
 use tocsin_storage::deliveries::{self, DeliveryState};
-use tocsin_storage::health::{self, WebhookHealth};
+use tocsin_storage::health::{self, Tally, WebhookHealth};
 use tocsin_storage::webhooks::{self, WebhookChanges};
 use tocsin_storage::{fan_out, outbox};
-use tocsin_testkit::deliveries::{answered, claim_rules};
+use tocsin_testkit::deliveries::claim_rules;
 use tocsin_testkit::TestDb;
 use uuid::Uuid;
 
 use crate::storage::{
-    claim_auto, complete, completion, delivery_to, fan_out_request, open, signal,
-    webhook_for_every_event, PENDING,
+    claim_auto, delivery_to, fan_out_request, open, signal, webhook_for_every_event, PENDING,
 };
 
 async fn health_of(conn: &mut AsyncPgConnection, webhook_id: Uuid) -> WebhookHealth {
@@ -33,16 +32,15 @@ async fn health_of(conn: &mut AsyncPgConnection, webhook_id: Uuid) -> WebhookHea
         .unwrap()
 }
 
-/// Claims and records the first automatic attempt of a new delivery to `webhook_id`.
-async fn attempt_once(
-    conn: &mut AsyncPgConnection,
-    key: &str,
-    webhook_id: Uuid,
-    result: AttemptResult,
-) {
-    let id = delivery_to(conn, key, webhook_id).await;
-    let job = claim_auto(conn, id, 0).await.expect("claimed");
-    assert!(complete(conn, completion(&job, result)).await.is_some());
+/// Records, as a dispatcher does once a second, that `webhook_id` answered `statuses` in order.
+async fn answered_in_order(conn: &mut AsyncPgConnection, webhook_id: Uuid, statuses: &[u16]) {
+    let mut tally = Tally::default();
+    for status in statuses {
+        let success = (200..300).contains(status);
+        let error = (!success).then(|| format!("http_status: the target answered {status}"));
+        tally.add(success, error, OffsetDateTime::now_utc());
+    }
+    health::record(conn, &[(webhook_id, tally)]).await.unwrap();
 }
 
 async fn change(conn: &mut AsyncPgConnection, id: Uuid, changes: WebhookChanges) {
@@ -50,7 +48,7 @@ async fn change(conn: &mut AsyncPgConnection, id: Uuid, changes: WebhookChanges)
 }
 
 #[tokio::test]
-async fn health_follows_each_recorded_outcome_but_not_interrupted_ones() {
+async fn health_follows_the_outcomes_dispatchers_record() {
     let db = TestDb::new().await;
     let mut conn = db.pool().get().await.unwrap();
     let webhook = webhook_for_every_event(&mut conn, "health").await;
@@ -60,8 +58,7 @@ async fn health_follows_each_recorded_outcome_but_not_interrupted_ones() {
         "no attempt yet"
     );
 
-    attempt_once(&mut conn, "h1", webhook.id, answered(500)).await;
-    attempt_once(&mut conn, "h2", webhook.id, answered(502)).await;
+    answered_in_order(&mut conn, webhook.id, &[500, 502]).await;
     let failing = health_of(&mut conn, webhook.id).await;
     assert_eq!(failing.consecutive_failures, 2);
     assert!(failing.last_failure_at.is_some() && failing.last_success_at.is_none());
@@ -70,38 +67,30 @@ async fn health_follows_each_recorded_outcome_but_not_interrupted_ones() {
         Some("http_status: the target answered 502")
     );
     assert_eq!(failing.success_rate_1h, Some(0.0));
+    // Another dispatcher's tally: failures add up.
+    answered_in_order(&mut conn, webhook.id, &[503]).await;
+    assert_eq!(
+        health_of(&mut conn, webhook.id).await.consecutive_failures,
+        3
+    );
 
-    // The dispatcher stopped: not the target's doing.
-    attempt_once(&mut conn, "h3", webhook.id, AttemptResult::interrupted()).await;
-    assert_eq!(health_of(&mut conn, webhook.id).await, failing);
-
-    attempt_once(&mut conn, "h4", webhook.id, answered(204)).await;
+    answered_in_order(&mut conn, webhook.id, &[204]).await;
     let healthy = health_of(&mut conn, webhook.id).await;
     assert_eq!(healthy.consecutive_failures, 0);
     assert!(healthy.last_success_at.is_some());
     assert_eq!(
-        healthy.last_error, failing.last_error,
+        healthy.last_error.as_deref(),
+        Some("http_status: the target answered 503"),
         "the last error stays"
     );
-    assert_eq!(healthy.success_rate_1h, Some(1.0 / 3.0));
-    assert_eq!(healthy.success_rate_24h, Some(1.0 / 3.0));
+    assert_eq!(healthy.success_rate_1h, Some(1.0 / 4.0));
+    assert_eq!(healthy.success_rate_24h, Some(1.0 / 4.0));
 
-    // Several outcomes in one statement, in order: only the failures after the last success
-    // count.
-    let ids = [
-        delivery_to(&mut conn, "b1", webhook.id).await,
-        delivery_to(&mut conn, "b2", webhook.id).await,
-        delivery_to(&mut conn, "b3", webhook.id).await,
-    ];
-    let mut completions = Vec::new();
-    for (id, status) in ids.iter().zip([500, 200, 503]) {
-        let job = claim_auto(&mut conn, *id, 0).await.unwrap();
-        completions.push(completion(&job, answered(status)));
-    }
-    attempts::complete(&mut conn, &completions).await.unwrap();
-    let batch = health_of(&mut conn, webhook.id).await;
-    assert_eq!(batch.consecutive_failures, 1);
-    assert_eq!(batch.success_rate_1h, Some(2.0 / 6.0));
+    // In one tally, only the failures after its last success count.
+    answered_in_order(&mut conn, webhook.id, &[500, 200, 503]).await;
+    let mixed = health_of(&mut conn, webhook.id).await;
+    assert_eq!(mixed.consecutive_failures, 1);
+    assert_eq!(mixed.success_rate_1h, Some(2.0 / 7.0));
 }
 
 #[tokio::test]
@@ -112,13 +101,7 @@ async fn auto_disable_takes_only_webhooks_failing_for_the_whole_period() {
     let short = webhook_for_every_event(&mut conn, "failing for ten minutes").await;
     let quiet = webhook_for_every_event(&mut conn, "one old failure").await;
     for webhook in [&long, &short, &quiet] {
-        attempt_once(
-            &mut conn,
-            &webhook.id.to_string(),
-            webhook.id,
-            answered(500),
-        )
-        .await;
+        answered_in_order(&mut conn, webhook.id, &[500]).await;
     }
     // Back-date their failing times: `long` has failed from two hours ago until now; `short`
     // for ten minutes; `quiet` failed once two hours ago and has had no attempt since.
@@ -175,7 +158,7 @@ async fn auto_disable_takes_only_webhooks_failing_for_the_whole_period() {
     .await;
     let enabled = webhooks::get(&mut conn, long.id).await.unwrap();
     assert_eq!((enabled.disabled_reason, enabled.disabled_at), (None, None));
-    attempt_once(&mut conn, "again", long.id, answered(500)).await;
+    answered_in_order(&mut conn, long.id, &[500]).await;
     assert!(health::auto_disable(&mut conn, Duration::from_secs(3600))
         .await
         .unwrap()
