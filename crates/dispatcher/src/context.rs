@@ -76,7 +76,7 @@ pub(crate) struct Context {
     /// The repository operations whose concurrent calls share statements.
     pub batched: Batched,
     /// Attempt outcomes by webhook, written as their health once a second.
-    pub health: crate::health::HealthTally,
+    pub health: Arc<crate::health::HealthTally>,
 }
 
 impl Context {

@@ -12,11 +12,10 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tocsin_storage::attempts::AttemptResult;
 use tocsin_storage::health::{self, Tally};
-use tocsin_storage::DbError;
+use tocsin_storage::{DbError, DbPool};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
-
-use crate::context::Context;
 
 /// How often the tallies are written.
 const WRITE_EVERY: Duration = Duration::from_secs(1);
@@ -63,8 +62,14 @@ fn truncated(text: &str, max: usize) -> &str {
 }
 
 /// Writes the tallies every [`WRITE_EVERY`]; once cancelled, once more after the attempts
-/// under way have drained (within `drain`).
-pub(crate) async fn run(ctx: Arc<Context>, drain: Duration, cancel: CancellationToken) {
+/// under way (`attempts`) have drained, within `drain`.
+pub(crate) async fn run(
+    tally: Arc<HealthTally>,
+    pool: DbPool,
+    attempts: TaskTracker,
+    drain: Duration,
+    cancel: CancellationToken,
+) {
     let mut every = tokio::time::interval(WRITE_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -73,9 +78,9 @@ pub(crate) async fn run(ctx: Arc<Context>, drain: Duration, cancel: Cancellation
             _ = every.tick() => false,
         };
         if stopping {
-            let _ = tokio::time::timeout(drain, ctx.tasks.wait()).await;
+            let _ = tokio::time::timeout(drain, attempts.wait()).await;
         }
-        if let Err(error) = write(&ctx).await {
+        if let Err(error) = write(&tally, &pool).await {
             tracing::warn!(error = %format!("{error:#}"), "writing webhook health failed; will retry");
         }
         if stopping {
@@ -84,18 +89,18 @@ pub(crate) async fn run(ctx: Arc<Context>, drain: Duration, cancel: Cancellation
     }
 }
 
-async fn write(ctx: &Context) -> anyhow::Result<()> {
-    let tallies = ctx.health.take();
+async fn write(tally: &HealthTally, pool: &DbPool) -> anyhow::Result<()> {
+    let tallies = tally.take();
     if tallies.is_empty() {
         return Ok(());
     }
     let written = async {
-        let mut conn = ctx.pool.get().await.map_err(DbError::from)?;
+        let mut conn = pool.get().await.map_err(DbError::from)?;
         health::record(&mut conn, &tallies).await
     }
     .await;
     if let Err(error) = written {
-        ctx.health.restore(tallies);
+        tally.restore(tallies);
         return Err(error.into());
     }
     Ok(())

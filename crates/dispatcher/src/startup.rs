@@ -162,7 +162,13 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     }
     background.spawn(
         "health",
-        crate::health::run(context.clone(), common.shutdown_timeout, background.token()),
+        crate::health::run(
+            context.health.clone(),
+            context.pool.clone(),
+            context.tasks.clone(),
+            common.shutdown_timeout,
+            background.token(),
+        ),
     );
     background.spawn(
         "sweeper",
