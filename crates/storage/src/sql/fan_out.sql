@@ -8,7 +8,10 @@
 -- millisecond timestamp, then random bits), like those made in Rust.
 --
 -- A delivery to a disabled webhook starts `waiting` (`webhook_disabled`): listed, and sent
--- only when an operator recovers it. The fanning dispatcher has room for $8[i] more attempts
+-- only when an operator recovers it. Whether a webhook is disabled is read from its row locked
+-- (`disabled`), not from this statement's snapshot: an enabling that commits while this
+-- statement runs is seen, so its deliveries start as an enabled webhook's, and one that
+-- starts later waits for this statement's commit, so the recovery that follows it finds them. The fanning dispatcher has room for $8[i] more attempts
 -- to webhook $5[i] (any other: no limit): a delivery beyond its webhook's room starts
 -- `waiting` (`webhook_busy`). When $6 is true, every other delivery, but those of a
 -- rate-limited webhook (their claims go through its budget, `sql/claim.sql`), starts with its
@@ -34,6 +37,14 @@ WITH input AS (
     SELECT v.event_id, v.kind, v.incident_id, w.id, w.timeout_ms, w.enabled,
         w.rate_limit_per_second IS NOT NULL
     FROM input v JOIN webhooks w ON w.id = v.test_webhook_id AND w.deleted_at IS NULL
+), disabled AS (
+    SELECT w.id FROM webhooks w
+    WHERE w.id IN (SELECT webhook_id FROM subscribed WHERE NOT enabled) AND NOT w.enabled
+    FOR SHARE
+), decided AS (
+    SELECT s.event_id, s.kind, s.incident_id, s.webhook_id, s.timeout_ms, s.limited,
+        d.id IS NULL AS enabled
+    FROM subscribed s LEFT JOIN disabled d ON d.id = s.webhook_id
 ), targets AS (
     SELECT s.*,
         s.enabled AND row_number() OVER (PARTITION BY s.webhook_id ORDER BY s.event_id)
@@ -41,7 +52,7 @@ WITH input AS (
         $6 AND s.enabled AND NOT s.limited AND row_number() OVER (
             PARTITION BY s.webhook_id ORDER BY s.event_id)
             <= coalesce(r.room, 9223372036854775807) AS claim
-    FROM subscribed s LEFT JOIN unnest($5::uuid[], $8::int8[]) AS r(webhook_id, room)
+    FROM decided s LEFT JOIN unnest($5::uuid[], $8::int8[]) AS r(webhook_id, room)
         ON r.webhook_id = s.webhook_id
 ), created AS (
     INSERT INTO deliveries

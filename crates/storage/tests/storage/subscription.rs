@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use time::OffsetDateTime;
 use tocsin_domain::alerts::AlertAction;
 use tocsin_domain::delivery::WaitReason;
@@ -17,11 +17,12 @@ use tocsin_storage::health::{self, Tally, WebhookHealth};
 use tocsin_storage::webhooks::{self, WebhookChanges};
 use tocsin_storage::{fan_out, outbox};
 use tocsin_testkit::deliveries::claim_rules;
-use tocsin_testkit::TestDb;
+use tocsin_testkit::{wait_until, TestDb};
 use uuid::Uuid;
 
 use crate::storage::{
-    claim_auto, delivery_to, fan_out_request, open, signal, webhook_for_every_event, PENDING,
+    claim_auto, delivery_to, fan_out_request, open, signal, webhook_for_every_event, DEADLINE,
+    PENDING,
 };
 
 async fn health_of(conn: &mut AsyncPgConnection, webhook_id: Uuid) -> WebhookHealth {
@@ -330,6 +331,109 @@ async fn deliveries_that_waited_while_disabled_are_recovered_since_a_time() {
         (DeliveryState::Pending, None)
     );
     assert!(claim_auto(&mut conn, delivery.id, 0).await.is_some());
+}
+
+/// Whether a statement of this test's database waits for a row lock.
+async fn waits_for_a_lock(db: &TestDb) -> bool {
+    db.count("pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()")
+        .await
+        > 0
+}
+
+async fn disabled_webhook(conn: &mut AsyncPgConnection) -> webhooks::Webhook {
+    let webhook = webhook_for_every_event(conn, "re-enabled").await;
+    change(
+        conn,
+        webhook.id,
+        WebhookChanges {
+            enabled: Some(false),
+            ..Default::default()
+        },
+    )
+    .await;
+    webhook
+}
+
+/// A fan-out that meets a disabled webhook being enabled waits for the enabling and sees it:
+/// its delivery starts as an enabled webhook's, not waiting for a recovery that may have run.
+#[tokio::test]
+async fn a_fan_out_meeting_an_enabling_waits_for_it_and_sees_it() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool().get().await.unwrap();
+    let webhook = disabled_webhook(&mut conn).await;
+    let event = open(&mut conn, "meets an enabling").await;
+    let mut enabling = AsyncPgConnection::establish(&db.url).await.unwrap();
+    enabling
+        .batch_execute(&format!(
+            "BEGIN; UPDATE webhooks SET enabled = true WHERE id = '{}'",
+            webhook.id
+        ))
+        .await
+        .unwrap();
+    let mut fanning = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let request = fan_out_request(&event, false);
+    let fan_out = tokio::spawn(async move {
+        fan_out::fan_out(&mut fanning, &[request], &[], PENDING)
+            .await
+            .unwrap()
+    });
+    wait_until("the fan-out waits for the enabling", DEADLINE, || async {
+        fan_out.is_finished() || waits_for_a_lock(&db).await
+    })
+    .await;
+    enabling.batch_execute("COMMIT").await.unwrap();
+    let fanned = fan_out.await.unwrap();
+    assert_eq!((fanned[0].disabled, fanned[0].pending.len()), (0, 1));
+    let delivery = &crate::storage::deliveries_of(&mut conn, webhook.id).await[0];
+    assert_eq!(
+        (delivery.state, delivery.wait_reason),
+        (DeliveryState::Pending, None)
+    );
+}
+
+/// An enabling that starts while a fan-out's delivery to the disabled webhook is uncommitted
+/// waits for it, so that the recovery after the enabling finds that delivery.
+#[tokio::test]
+async fn an_enabling_waits_for_a_fan_out_to_the_disabled_webhook() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool().get().await.unwrap();
+    let webhook = disabled_webhook(&mut conn).await;
+    let since = OffsetDateTime::now_utc();
+    let event = open(&mut conn, "before an enabling").await;
+    let mut fanning = AsyncPgConnection::establish(&db.url).await.unwrap();
+    fanning.batch_execute("BEGIN").await.unwrap();
+    let fanned = fan_out::fan_out(
+        &mut fanning,
+        &[fan_out_request(&event, false)],
+        &[],
+        PENDING,
+    )
+    .await
+    .unwrap();
+    assert_eq!(fanned[0].disabled, 1);
+    let mut enabling = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let id = webhook.id;
+    let enable = tokio::spawn(async move {
+        let changes = WebhookChanges {
+            enabled: Some(true),
+            ..Default::default()
+        };
+        change(&mut enabling, id, changes).await;
+        deliveries::recover_disabled(&mut enabling, id, since)
+            .await
+            .unwrap()
+    });
+    wait_until("the enabling waits for the fan-out", DEADLINE, || async {
+        enable.is_finished() || waits_for_a_lock(&db).await
+    })
+    .await;
+    fanning.batch_execute("COMMIT").await.unwrap();
+    let recovered = enable.await.unwrap();
+    assert_eq!(
+        recovered.len(),
+        1,
+        "the recovery finds the fan-out's delivery"
+    );
 }
 
 /// Two dispatchers claiming at once spend one budget: a webhook limited to 2 a second gets two
