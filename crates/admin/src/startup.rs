@@ -4,9 +4,7 @@
 use actix_web::middleware::from_fn;
 use actix_web::web;
 use anyhow::Context;
-use prometheus::Registry;
-use tocsin_storage::relay::OutboxRelay;
-use tocsin_web::{Background, HttpMetrics, Readiness, Service};
+use tocsin_web::Service;
 
 use crate::auth::require_admin_token;
 use crate::config::Config;
@@ -27,23 +25,10 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         .context("TOCSIN_ADMIN_TOKEN: the admin token is required to serve")?;
     token.check()?;
     let common = &config.common;
-    common.warn_if_schedule_shortened();
-    tocsin_storage::migrate(&common.database_url)
-        .await
-        .context("DATABASE_URL: migrating the database")?;
-    let pool = common.pool()?;
-    let broker = common.broker("admin");
-    let registry = Registry::new();
-    let http_metrics = HttpMetrics::new(&registry)?;
-    let relay = OutboxRelay::new(
-        pool.clone(),
-        broker.clone(),
-        &common.database_url,
-        config.outbox_poll,
-        &registry,
-    )?;
+    let foundation = common.foundation("admin").await?;
+    let relay = common.outbox_relay(&foundation, config.outbox_poll)?;
     let state = web::Data::new(AdminState {
-        pool: pool.clone(),
+        pool: foundation.pool.clone(),
         relay: relay.waker(),
         secret_grace: config.secret_grace,
         body_limit: config.body_limit,
@@ -60,10 +45,8 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     ));
     let token = web::Data::new(token);
     let document = web::Data::new(OpenApiJson(openapi::document()));
-    let readiness = Readiness { pool, broker };
 
     let listener = tocsin_web::service::bind(&config.addr, "TOCSIN_ADMIN_ADDR")?;
-    let port = listener.local_addr()?.port();
     let query_config =
         web::QueryConfig::default().error_handler(tocsin_web::error::query_error_handler);
     let path_config =
@@ -85,23 +68,5 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             )
             .configure(pages::configure);
     };
-    let server = tocsin_web::service::serve(
-        listener,
-        routes,
-        http_metrics,
-        readiness,
-        common.shutdown_timeout,
-        config.workers,
-        common.client_timeout,
-    )?;
-
-    let mut background = Background::new();
-    background.spawn("outbox-relay", relay.run(background.token()));
-    Ok(Service::new(
-        "admin",
-        server,
-        port,
-        background,
-        common.shutdown_timeout,
-    ))
+    foundation.serve_with_relay("admin", listener, routes, config.workers, relay, common)
 }

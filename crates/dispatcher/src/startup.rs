@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use actix_web::web;
 use anyhow::Context as _;
-use prometheus::Registry;
 use tocsin_broker::{run_consumer, ConsumerOptions};
 use tocsin_storage::attempts::ClaimRules;
-use tocsin_web::{Background, HttpMetrics, Readiness, Service};
+use tocsin_web::config::Foundation;
+use tocsin_web::{Background, Readiness, Service};
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
@@ -45,14 +45,12 @@ fn http_client(policy: Arc<TargetPolicy>) -> anyhow::Result<reqwest::Client> {
 /// Migrates the database, then builds the dispatcher.
 pub async fn build(config: Config) -> anyhow::Result<App> {
     let common = &config.common;
-    common.warn_if_schedule_shortened();
-    tocsin_storage::migrate(&common.database_url)
-        .await
-        .context("DATABASE_URL: migrating the database")?;
-    let pool = common.pool()?;
-    let broker = common.broker("dispatcher");
-    let registry = Registry::new();
-    let http_metrics = HttpMetrics::new(&registry)?;
+    let Foundation {
+        pool,
+        broker,
+        registry,
+        http_metrics,
+    } = common.foundation("dispatcher").await?;
     let policy = Arc::new(config.allowed_targets.clone());
     let mut background = Background::new();
     let schedule = common.retry_delays.clone();
@@ -97,40 +95,32 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
 
     let instance = format!("{}-{}", std::process::id(), Uuid::now_v7().simple());
     let topology = broker.topology().clone();
-    {
-        let ctx = context.clone();
-        background.spawn(
-            "fanout-consumer",
-            run_consumer(
-                broker.clone(),
-                ConsumerOptions {
-                    queue: topology.fanout_queue(),
-                    prefetch: config.fanout_prefetch,
-                    tag: format!("tocsin-dispatcher-fanout-{instance}"),
-                    drain_timeout: common.shutdown_timeout,
-                },
-                background.token(),
-                move |message| crate::fanout::handle_event(ctx.clone(), message),
-            ),
-        );
-    }
-    {
-        let ctx = context.clone();
-        background.spawn(
-            "delivery-consumer",
-            run_consumer(
-                broker.clone(),
-                ConsumerOptions {
-                    queue: topology.delivery_queue(),
-                    prefetch: config.concurrency,
-                    tag: format!("tocsin-dispatcher-deliveries-{instance}"),
-                    drain_timeout: common.shutdown_timeout,
-                },
-                background.token(),
-                move |message| crate::deliver::handle_delivery(ctx.clone(), message),
-            ),
-        );
-    }
+    let options = |queue, prefetch, consumer: &str| ConsumerOptions {
+        queue,
+        prefetch,
+        tag: format!("tocsin-dispatcher-{consumer}-{instance}"),
+        drain_timeout: common.shutdown_timeout,
+    };
+    let ctx = context.clone();
+    background.spawn(
+        "fanout-consumer",
+        run_consumer(
+            broker.clone(),
+            options(topology.fanout_queue(), config.fanout_prefetch, "fanout"),
+            background.token(),
+            move |message| crate::fanout::handle_event(ctx.clone(), message),
+        ),
+    );
+    let ctx = context.clone();
+    background.spawn(
+        "delivery-consumer",
+        run_consumer(
+            broker.clone(),
+            options(topology.delivery_queue(), config.concurrency, "deliveries"),
+            background.token(),
+            move |message| crate::deliver::handle_delivery(ctx.clone(), message),
+        ),
+    );
     background.spawn(
         "gauges",
         crate::gauges::refresh_gauges(context.clone(), Duration::from_secs(15), background.token()),

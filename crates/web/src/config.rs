@@ -17,9 +17,11 @@
 use std::fmt;
 use std::time::Duration;
 
+use anyhow::Context;
 use tocsin_broker::{Broker, QueueType, Topology};
 use tocsin_domain::redact_url;
 use tocsin_domain::retry::{parse_duration, RetrySchedule};
+use tocsin_storage::relay::OutboxRelay;
 use tocsin_storage::DbPool;
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/tocsin";
@@ -115,8 +117,41 @@ impl CommonConfig {
         tocsin_storage::pool(&self.database_url, usize::from(self.db_pool_size))
     }
 
+    /// The start every service shares: warns when the retry schedule is shortened, migrates
+    /// the database, then opens the pool, a broker handle named after the service and a metrics
+    /// registry holding the HTTP series.
+    pub async fn foundation(&self, service: &str) -> anyhow::Result<Foundation> {
+        self.warn_if_schedule_shortened();
+        tocsin_storage::migrate(&self.database_url)
+            .await
+            .context("DATABASE_URL: migrating the database")?;
+        let registry = prometheus::Registry::new();
+        Ok(Foundation {
+            pool: self.pool()?,
+            broker: self.broker(service),
+            http_metrics: crate::HttpMetrics::new(&registry)?,
+            registry,
+        })
+    }
+
+    /// The outbox relay of a service that writes events (ingest and admin), polling every
+    /// `poll` besides being woken.
+    pub fn outbox_relay(
+        &self,
+        foundation: &Foundation,
+        poll: Duration,
+    ) -> anyhow::Result<OutboxRelay> {
+        OutboxRelay::new(
+            foundation.pool.clone(),
+            foundation.broker.clone(),
+            &self.database_url,
+            poll,
+            &foundation.registry,
+        )
+    }
+
     /// Warns loudly when the retry schedule is not the specification's.
-    pub fn warn_if_schedule_shortened(&self) {
+    fn warn_if_schedule_shortened(&self) {
         if !self.retry_delays.is_specification() {
             tracing::warn!(
                 schedule = %self.retry_delays,
@@ -124,6 +159,55 @@ impl CommonConfig {
                 "TOCSIN_RETRY_DELAYS departs from the specification's retry schedule; use this only for tests and demos"
             );
         }
+    }
+}
+
+/// What [`CommonConfig::foundation`] opens for a service.
+pub struct Foundation {
+    pub pool: DbPool,
+    pub broker: Broker,
+    pub registry: prometheus::Registry,
+    pub http_metrics: crate::HttpMetrics,
+}
+
+impl Foundation {
+    /// Serves a service that writes events (ingest, admin): `routes` beside health and metrics
+    /// on `listener` with `workers` threads, and its outbox `relay` in the background.
+    pub fn serve_with_relay<R>(
+        self,
+        name: &'static str,
+        listener: std::net::TcpListener,
+        routes: R,
+        workers: Option<usize>,
+        relay: OutboxRelay,
+        common: &CommonConfig,
+    ) -> anyhow::Result<crate::Service>
+    where
+        R: Fn(&mut actix_web::web::ServiceConfig) + Send + Clone + 'static,
+    {
+        let port = listener.local_addr()?.port();
+        let readiness = crate::Readiness {
+            pool: self.pool,
+            broker: self.broker,
+        };
+        let server = crate::service::serve(
+            listener,
+            routes,
+            self.http_metrics,
+            readiness,
+            common.shutdown_timeout,
+            workers,
+            common.client_timeout,
+        )?;
+        let mut background = crate::Background::new();
+        background.spawn("outbox-relay", relay.run(background.token()));
+        Ok(crate::Service::new(
+            name,
+            server,
+            port,
+            background,
+            common.shutdown_timeout,
+        ))
     }
 }
 
