@@ -113,37 +113,23 @@ pub async fn record_events(
         .values(&event_rows)
         .execute(conn)
         .await?;
-    if new.iter().all(|e| e.headers.is_none()) {
-        let outbox_rows: Vec<_> = new
-            .iter()
-            .map(|e| {
-                (
-                    outbox::topic.eq(Topic::Event.as_str()),
-                    outbox::payload.eq(e.message().to_bytes()),
-                )
-            })
-            .collect();
-        diesel::insert_into(outbox::table)
-            .values(&outbox_rows)
-            .execute(conn)
-            .await?;
-    } else {
-        let no_headers = serde_json::Value::Object(serde_json::Map::new());
-        let outbox_rows: Vec<_> = new
-            .iter()
-            .map(|e| {
-                (
-                    outbox::topic.eq(Topic::Event.as_str()),
-                    outbox::headers.eq(e.headers.as_ref().unwrap_or(&no_headers)),
-                    outbox::payload.eq(e.message().to_bytes()),
-                )
-            })
-            .collect();
-        diesel::insert_into(outbox::table)
-            .values(&outbox_rows)
-            .execute(conn)
-            .await?;
-    }
+    // An event without headers leaves the column to its default, the empty object.
+    let outbox_rows: Vec<_> = new
+        .iter()
+        .map(|e| {
+            (
+                outbox::topic.eq(Topic::Event.as_str()),
+                e.headers
+                    .as_ref()
+                    .map(|headers| outbox::headers.eq(headers)),
+                outbox::payload.eq(e.message().to_bytes()),
+            )
+        })
+        .collect();
+    diesel::insert_into(outbox::table)
+        .values(&outbox_rows)
+        .execute(conn)
+        .await?;
     wake_relays(conn, wake).await
 }
 
