@@ -151,10 +151,8 @@ struct TouchedIncident {
     request_body(content = Object, description = "The tool's own JSON body (at most 512 KiB by default)", content_type = "application/json"),
     responses(
         (status = 202, description = "Accepted: the incidents touched", body = AlertsAccepted),
-        (status = 400, description = "The body is not JSON", body = schema::ErrorBody),
+        schema::JsonBodyErrors,
         (status = 401, description = "Missing, unknown or revoked inbound token", body = schema::ErrorBody),
-        (status = 413, description = "The body is over the limit", body = schema::ErrorBody),
-        (status = 415, description = "Content-Type is not JSON", body = schema::ErrorBody),
         (status = 422, description = "Invalid content; `field` names it", body = schema::ErrorBody),
         (status = 429, description = "Over the token's rate limit; see Retry-After", body = schema::ErrorBody),
         (status = 503, description = "Storage unreachable; retry later", body = schema::ErrorBody),

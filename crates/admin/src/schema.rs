@@ -88,6 +88,18 @@ pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
+/// The refusals of every endpoint that reads a JSON body, before it looks at the content.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // describes responses for the document; never built
+pub enum JsonBodyErrors {
+    #[response(status = 400, description = "The body is not JSON")]
+    NotJson(ErrorBody),
+    #[response(status = 413, description = "The body is over the limit")]
+    TooLarge(ErrorBody),
+    #[response(status = 415, description = "Content-Type is not JSON")]
+    NotJsonContentType(ErrorBody),
+}
+
 /// What went wrong.
 #[derive(utoipa::ToSchema)]
 #[allow(dead_code)] // describes tocsin_web::ErrorDetail for the document; never built

@@ -172,11 +172,9 @@ pub async fn get(
     request_body = StatusChange,
     responses(
         (status = 200, description = "The incident and the events emitted", body = IncidentChanged),
-        (status = 400, description = "The body is not JSON", body = schema::ErrorBody),
+        schema::JsonBodyErrors,
         (status = 404, description = "No such incident", body = schema::ErrorBody),
         (status = 409, description = "The incident is resolved, which is final", body = schema::ErrorBody),
-        (status = 413, description = "The body is over the limit", body = schema::ErrorBody),
-        (status = 415, description = "Content-Type is not JSON", body = schema::ErrorBody),
         (status = 422, description = "Unknown status; `field` is `status`", body = schema::ErrorBody),
     )
 )]

@@ -100,9 +100,7 @@ pub fn parse_name(raw: &str) -> Result<String, InvalidName> {
     request_body = NewToken,
     responses(
         (status = 201, description = "Issued; `token` is shown this once", body = TokenCreated),
-        (status = 400, description = "The body is not JSON", body = schema::ErrorBody),
-        (status = 413, description = "The body is over the limit", body = schema::ErrorBody),
-        (status = 415, description = "Content-Type is not JSON", body = schema::ErrorBody),
+        schema::JsonBodyErrors,
         (status = 422, description = "`name` is invalid", body = schema::ErrorBody),
     )
 )]

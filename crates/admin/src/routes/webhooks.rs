@@ -464,9 +464,7 @@ impl WebhookChange {
     request_body = NewWebhook,
     responses(
         (status = 201, description = "Created. The secret is shown here, and later only by reveal-secret and rotate-secret.", body = WebhookWithSecret),
-        (status = 400, description = "The body is not JSON", body = schema::ErrorBody),
-        (status = 413, description = "The body is over the limit", body = schema::ErrorBody),
-        (status = 415, description = "Content-Type is not JSON", body = schema::ErrorBody),
+        schema::JsonBodyErrors,
         (status = 422, description = "A field is invalid; `field` names it (`events[1]`, `retry.max_attempts`)", body = schema::ErrorBody),
     )
 )]
@@ -542,10 +540,8 @@ pub async fn get(
     request_body = WebhookChange,
     responses(
         (status = 200, description = "The changed webhook", body = Webhook),
-        (status = 400, description = "The body is not JSON", body = schema::ErrorBody),
+        schema::JsonBodyErrors,
         (status = 404, description = "No such webhook (or it was deleted)", body = schema::ErrorBody),
-        (status = 413, description = "The body is over the limit", body = schema::ErrorBody),
-        (status = 415, description = "Content-Type is not JSON", body = schema::ErrorBody),
         (status = 422, description = "A field is invalid; `field` names it", body = schema::ErrorBody),
     )
 )]
@@ -682,11 +678,9 @@ pub async fn send_test_event(
     request_body = Recover,
     responses(
         (status = 202, description = "The attempts are enqueued", body = Recovered),
-        (status = 400, description = "The body is not JSON", body = schema::ErrorBody),
+        schema::JsonBodyErrors,
         (status = 404, description = "No such webhook", body = schema::ErrorBody),
         (status = 409, description = "The webhook was deleted or is disabled", body = schema::ErrorBody),
-        (status = 413, description = "The body is over the limit", body = schema::ErrorBody),
-        (status = 415, description = "Content-Type is not JSON", body = schema::ErrorBody),
         (status = 422, description = "`since` is not an RFC 3339 time", body = schema::ErrorBody),
     )
 )]
