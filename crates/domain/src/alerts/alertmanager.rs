@@ -215,44 +215,24 @@ mod tests {
 
     use super::super::{parse as parse_body, AlertFormat};
     use super::*;
+    use crate::alerts::testing::*;
 
     const FIRING: &str = include_str!("../../tests/fixtures/alerts/alertmanager-0.25-firing.json");
     const RESOLVED: &str =
         include_str!("../../tests/fixtures/alerts/alertmanager-0.25-resolved.json");
 
-    fn fixture(text: &str) -> Value {
-        serde_json::from_str(text).unwrap()
-    }
-
-    fn one(value: Value) -> AlertSignal {
-        let mut signals = parse(value).unwrap();
-        assert_eq!(signals.len(), 1);
-        signals.remove(0)
-    }
-
-    fn error(value: Value) -> (String, String) {
-        match parse(value) {
-            Err(AlertError::Invalid { field, message }) => (field, message),
-            other => panic!("expected Invalid, got {other:?}"),
-        }
-    }
-
     /// Sets `pointer` (a JSON pointer) in a copy of the firing fixture.
     fn firing_with(pointer: &str, new: Value) -> Value {
-        let mut value = fixture(FIRING);
-        *value.pointer_mut(pointer).unwrap() = new;
-        value
+        with_pointer(fixture(FIRING), pointer, new)
     }
 
     fn firing_without(field: &str) -> Value {
-        let mut value = fixture(FIRING);
-        value.as_object_mut().unwrap().remove(field);
-        value
+        without(fixture(FIRING), "", field)
     }
 
     #[test]
     fn captured_firing_notification_triggers_the_group() {
-        let signal = one(fixture(FIRING));
+        let signal = one(parse, fixture(FIRING));
         assert_eq!(
             signal.dedup_key,
             "alertmanager:tocsin:{}:{alertname=\"HighLatency\"}"
@@ -270,8 +250,8 @@ mod tests {
 
     #[test]
     fn captured_resolved_notification_resolves_the_same_key() {
-        let firing = one(fixture(FIRING));
-        let resolved = one(fixture(RESOLVED));
+        let firing = one(parse, fixture(FIRING));
+        let resolved = one(parse, fixture(RESOLVED));
         assert_eq!(resolved.action, AlertAction::Resolve);
         assert_eq!(resolved.dedup_key, firing.dedup_key);
         assert_eq!(resolved.title, firing.title);
@@ -299,7 +279,7 @@ mod tests {
         value["truncatedAlerts"] = json!("none");
         value["alerts"][0]["startsAt"] = json!(null);
         value["alerts"][0]["endsAt"] = json!(12);
-        assert_eq!(one(value), one(fixture(FIRING)));
+        assert_eq!(one(parse, value), one(parse, fixture(FIRING)));
     }
 
     #[test]
@@ -308,31 +288,31 @@ mod tests {
         value["groupLabels"] =
             json!({"alertname": "HighLatency", "service": "api", "cluster": "eu1"});
         assert_eq!(
-            one(value.clone()).title.as_str(),
+            one(parse, value.clone()).title.as_str(),
             "HighLatency (cluster=eu1, service=api)"
         );
 
         value["groupLabels"] = json!({"alertname": "HighLatency"});
-        assert_eq!(one(value.clone()).title.as_str(), "HighLatency");
+        assert_eq!(one(parse, value.clone()).title.as_str(), "HighLatency");
 
         value["commonLabels"] = json!({"service": "api"});
         value["groupLabels"] = json!({"service": "api", "zone": ""});
         assert_eq!(
-            one(value.clone()).title.as_str(),
+            one(parse, value.clone()).title.as_str(),
             "Alertmanager alert (service=api)"
         );
 
         value["groupLabels"] = json!({});
-        assert_eq!(one(value).title.as_str(), "Alertmanager alert");
+        assert_eq!(one(parse, value).title.as_str(), "Alertmanager alert");
     }
 
     #[test]
     fn blank_summary_is_skipped_but_a_control_only_title_is_refused() {
         let value = firing_with("/commonAnnotations/summary", json!("   "));
-        assert_eq!(one(value).title.as_str(), "HighLatency");
+        assert_eq!(one(parse, value).title.as_str(), "HighLatency");
 
         let value = firing_with("/commonAnnotations/summary", json!("\u{1}\u{7}"));
-        assert_eq!(error(value).0, "commonAnnotations.summary");
+        assert_eq!(error(parse, value).0, "commonAnnotations.summary");
     }
 
     #[test]
@@ -345,26 +325,26 @@ mod tests {
             {"status": "firing", "labels": {"severity": "purple"}},
         ]);
         value["commonLabels"] = json!({"alertname": "X"});
-        assert_eq!(one(value.clone()).severity, Severity::SEV2);
+        assert_eq!(one(parse, value.clone()).severity, Severity::SEV2);
 
         value["alerts"] = json!([
             {"status": "resolved", "labels": {"severity": "info"}},
             {"status": "resolved", "labels": {"severity": "low"}},
         ]);
-        assert_eq!(one(value.clone()).severity, Severity::SEV4);
+        assert_eq!(one(parse, value.clone()).severity, Severity::SEV4);
 
         value["alerts"] = json!([{"status": "firing", "labels": {"severity": "SEV2"}}]);
-        assert_eq!(one(value.clone()).severity, Severity::SEV2);
+        assert_eq!(one(parse, value.clone()).severity, Severity::SEV2);
 
         value["alerts"] = json!([{"status": "firing", "labels": {"severity": "purple"}}]);
-        assert_eq!(one(value.clone()).severity, Severity::DEFAULT);
+        assert_eq!(one(parse, value.clone()).severity, Severity::DEFAULT);
 
         value["alerts"] = json!([{"status": "firing", "labels": {}}]);
-        assert_eq!(one(value.clone()).severity, Severity::SEV3);
+        assert_eq!(one(parse, value.clone()).severity, Severity::SEV3);
 
         value["alerts"] = json!([]);
         value["commonLabels"] = json!({"severity": "minor"});
-        assert_eq!(one(value).severity, Severity::SEV4);
+        assert_eq!(one(parse, value).severity, Severity::SEV4);
     }
 
     #[test]
@@ -374,7 +354,7 @@ mod tests {
             json!({"summary": "API slow", "description": "  p99 above 2s for 5m  "}),
         );
         assert_eq!(
-            one(value).description.as_deref(),
+            one(parse, value).description.as_deref(),
             Some("p99 above 2s for 5m")
         );
 
@@ -386,13 +366,13 @@ mod tests {
             {"status": "firing", "annotations": {"summary": "us1 slow"}},
         ]);
         assert_eq!(
-            one(value).description.as_deref(),
+            one(parse, value).description.as_deref(),
             Some("- eu1 p99 3s\n- us1 slow")
         );
 
         let mut value = fixture(FIRING);
         value["commonAnnotations"]["description"] = json!("d".repeat(20_000));
-        let description = one(value).description.unwrap();
+        let description = one(parse, value).description.unwrap();
         assert_eq!(description.chars().count(), 10_000);
         assert!(description.ends_with('…'));
     }
@@ -403,25 +383,25 @@ mod tests {
             "/externalURL",
             json!(format!("  http://{}  ", "a".repeat(400))),
         );
-        let source = one(value).source.unwrap();
+        let source = one(parse, value).source.unwrap();
         assert_eq!(source.chars().count(), 255);
         assert!(source.starts_with("http://a"));
 
         let value = firing_with("/externalURL", json!(""));
-        assert_eq!(one(value).source, None);
+        assert_eq!(one(parse, value).source, None);
     }
 
     #[test]
     fn status_must_be_firing_or_resolved() {
-        let (field, _) = error(firing_with("/status", json!("pending")));
+        let (field, _) = error(parse, firing_with("/status", json!("pending")));
         assert_eq!(field, "status");
-        let (field, message) = error(firing_without("status"));
+        let (field, message) = error(parse, firing_without("status"));
         assert_eq!(
             (field.as_str(), message.as_str()),
             ("status", "is required")
         );
         assert_eq!(
-            one(firing_with("/status", json!(" Resolved "))).action,
+            one(parse, firing_with("/status", json!(" Resolved "))).action,
             AlertAction::Resolve
         );
     }
@@ -429,14 +409,17 @@ mod tests {
     #[test]
     fn missing_required_fields_are_named() {
         for field in ["groupKey", "status", "alerts"] {
-            assert_eq!(error(firing_without(field)).0, field);
+            assert_eq!(error(parse, firing_without(field)).0, field);
         }
-        assert_eq!(error(firing_with("/groupKey", json!(" "))).0, "groupKey");
+        assert_eq!(
+            error(parse, firing_with("/groupKey", json!(" "))).0,
+            "groupKey"
+        );
     }
 
     #[test]
     fn missing_receiver_counts_as_empty() {
-        let signal = one(firing_without("receiver"));
+        let signal = one(parse, firing_without("receiver"));
         assert_eq!(
             signal.dedup_key,
             "alertmanager::{}:{alertname=\"HighLatency\"}"
@@ -473,7 +456,11 @@ mod tests {
             ("/receiver", json!(1), "receiver"),
         ];
         for (pointer, new, expected) in cases {
-            assert_eq!(error(firing_with(pointer, new)).0, expected, "{pointer}");
+            assert_eq!(
+                error(parse, firing_with(pointer, new)).0,
+                expected,
+                "{pointer}"
+            );
         }
     }
 
@@ -484,27 +471,30 @@ mod tests {
         value["groupLabels"] = Value::Null;
         value["alerts"][0]["annotations"] = Value::Null;
         value["externalURL"] = Value::Null;
-        let signal = one(value);
+        let signal = one(parse, value);
         assert_eq!(signal.title.as_str(), "HighLatency");
         assert_eq!(signal.source, None);
-        assert_eq!(error(firing_with("/groupKey", Value::Null)).0, "groupKey");
+        assert_eq!(
+            error(parse, firing_with("/groupKey", Value::Null)).0,
+            "groupKey"
+        );
     }
 
     #[test]
     fn body_must_be_an_object() {
-        assert_eq!(error(json!([1, 2])).0, "body");
-        assert_eq!(error(json!("firing")).0, "body");
+        assert_eq!(error(parse, json!([1, 2])).0, "body");
+        assert_eq!(error(parse, json!("firing")).0, "body");
     }
 
     #[test]
     fn over_long_keys_are_hashed() {
         let value = firing_with("/groupKey", json!("g".repeat(2_000)));
-        let key = one(value).dedup_key;
+        let key = one(parse, value).dedup_key;
         assert!(key.starts_with("alertmanager:sha256:"), "{key}");
         assert_eq!(key.len(), "alertmanager:sha256:".len() + 64);
-        let again = one(firing_with("/groupKey", json!("g".repeat(2_000)))).dedup_key;
+        let again = one(parse, firing_with("/groupKey", json!("g".repeat(2_000)))).dedup_key;
         assert_eq!(key, again);
-        let other = one(firing_with("/groupKey", json!("h".repeat(2_000)))).dedup_key;
+        let other = one(parse, firing_with("/groupKey", json!("h".repeat(2_000)))).dedup_key;
         assert_ne!(key, other);
     }
 }

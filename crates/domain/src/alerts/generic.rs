@@ -61,26 +61,10 @@ mod tests {
 
     use super::super::parse as parse_body;
     use super::*;
+    use crate::alerts::testing::*;
 
     const FIRING: &str = include_str!("../../tests/fixtures/alerts/generic-firing.json");
     const RESOLVED: &str = include_str!("../../tests/fixtures/alerts/generic-resolved.json");
-
-    fn fixture(text: &str) -> Value {
-        serde_json::from_str(text).unwrap()
-    }
-
-    fn one(value: Value) -> AlertSignal {
-        let mut signals = parse(value).unwrap();
-        assert_eq!(signals.len(), 1);
-        signals.remove(0)
-    }
-
-    fn error(value: Value) -> (String, String) {
-        match parse(value) {
-            Err(AlertError::Invalid { field, message }) => (field, message),
-            other => panic!("expected Invalid, got {other:?}"),
-        }
-    }
 
     fn minimal() -> Value {
         json!({"title": "Backup failed", "dedup_key": "backup/nightly"})
@@ -94,7 +78,7 @@ mod tests {
 
     #[test]
     fn firing_fixture_triggers() {
-        let signal = one(fixture(FIRING));
+        let signal = one(parse, fixture(FIRING));
         assert_eq!(signal.dedup_key, "generic:backup/nightly/db-main");
         assert_eq!(signal.action, AlertAction::Trigger);
         assert_eq!(signal.title.as_str(), "Nightly backup of db-main failed");
@@ -109,7 +93,7 @@ mod tests {
 
     #[test]
     fn resolved_fixture_resolves_the_same_key() {
-        let signal = one(fixture(RESOLVED));
+        let signal = one(parse, fixture(RESOLVED));
         assert_eq!(signal.dedup_key, "generic:backup/nightly/db-main");
         assert_eq!(signal.action, AlertAction::Resolve);
         assert_eq!(signal.title.as_str(), "Nightly backup of db-main failed");
@@ -128,7 +112,7 @@ mod tests {
 
     #[test]
     fn defaults_are_firing_and_sev3() {
-        let signal = one(minimal());
+        let signal = one(parse, minimal());
         assert_eq!(signal.action, AlertAction::Trigger);
         assert_eq!(signal.severity, Severity::DEFAULT);
         assert_eq!(signal.description, None);
@@ -145,13 +129,13 @@ mod tests {
         ];
         for (status, action) in cases {
             assert_eq!(
-                one(with("status", json!(status))).action,
+                one(parse, with("status", json!(status))).action,
                 action,
                 "{status}"
             );
         }
         for bad in [json!("closed"), json!(1)] {
-            assert_eq!(error(with("status", bad)).0, "status");
+            assert_eq!(error(parse, with("status", bad)).0, "status");
         }
     }
 
@@ -168,15 +152,18 @@ mod tests {
         ];
         for (word, expected) in cases {
             assert_eq!(
-                one(with("severity", json!(word))).severity,
+                one(parse, with("severity", json!(word))).severity,
                 expected,
                 "{word}"
             );
         }
         for bad in [json!("purple"), json!("SEV9"), json!(1)] {
-            assert_eq!(error(with("severity", bad)).0, "severity");
+            assert_eq!(error(parse, with("severity", bad)).0, "severity");
         }
-        assert_eq!(one(with("severity", json!(""))).severity, Severity::DEFAULT);
+        assert_eq!(
+            one(parse, with("severity", json!(""))).severity,
+            Severity::DEFAULT
+        );
     }
 
     #[test]
@@ -184,19 +171,22 @@ mod tests {
         for field in ["title", "dedup_key"] {
             let mut value = minimal();
             value.as_object_mut().unwrap().remove(field);
-            assert_eq!(error(value), (field.to_owned(), "is required".to_owned()));
-            assert_eq!(error(with(field, json!(" \n"))).0, field);
-            assert_eq!(error(with(field, json!(["x"]))).0, field);
+            assert_eq!(
+                error(parse, value),
+                (field.to_owned(), "is required".to_owned())
+            );
+            assert_eq!(error(parse, with(field, json!(" \n"))).0, field);
+            assert_eq!(error(parse, with(field, json!(["x"]))).0, field);
         }
-        assert_eq!(error(with("title", json!("\u{1b}"))).0, "title");
+        assert_eq!(error(parse, with("title", json!("\u{1b}"))).0, "title");
     }
 
     #[test]
     fn dedup_key_length_is_bounded() {
         assert!(parse(with("dedup_key", json!("k".repeat(255)))).is_ok());
-        let (field, _) = error(with("dedup_key", json!("k".repeat(256))));
+        let (field, _) = error(parse, with("dedup_key", json!("k".repeat(256))));
         assert_eq!(field, "dedup_key");
-        let signal = one(with("dedup_key", json!("🦀".repeat(255))));
+        let signal = one(parse, with("dedup_key", json!("🦀".repeat(255))));
         assert!(signal.dedup_key.starts_with("generic:sha256:"));
         assert_eq!(signal.dedup_key.len(), "generic:sha256:".len() + 64);
     }
@@ -207,7 +197,7 @@ mod tests {
         value["title"] = json!("t".repeat(600));
         value["description"] = json!("d".repeat(10_001));
         value["source"] = json!("s".repeat(256));
-        let signal = one(value);
+        let signal = one(parse, value);
         assert_eq!(signal.title.as_str().chars().count(), 500);
         assert_eq!(signal.description.unwrap().chars().count(), 10_000);
         assert_eq!(signal.source.unwrap().chars().count(), 255);
@@ -216,16 +206,19 @@ mod tests {
     #[test]
     fn labels_must_be_strings() {
         assert!(parse(with("labels", json!({"team": "db", "env": "prod"}))).is_ok());
-        assert_eq!(error(with("labels", json!({"team": 1}))).0, "labels.team");
-        assert_eq!(error(with("labels", json!(["team"]))).0, "labels");
+        assert_eq!(
+            error(parse, with("labels", json!({"team": 1}))).0,
+            "labels.team"
+        );
+        assert_eq!(error(parse, with("labels", json!(["team"]))).0, "labels");
     }
 
     #[test]
     fn other_wrong_types_and_bodies_are_named() {
-        assert_eq!(error(with("description", json!(1))).0, "description");
-        assert_eq!(error(with("source", json!({}))).0, "source");
-        assert_eq!(error(json!([])).0, "body");
-        assert_eq!(error(json!(1)).0, "body");
+        assert_eq!(error(parse, with("description", json!(1))).0, "description");
+        assert_eq!(error(parse, with("source", json!({}))).0, "source");
+        assert_eq!(error(parse, json!([])).0, "body");
+        assert_eq!(error(parse, json!(1)).0, "body");
     }
 
     #[test]
@@ -233,6 +226,6 @@ mod tests {
         let mut value = fixture(FIRING);
         value["runbook"] = json!({"url": "https://runbooks.example.com"});
         value["priority"] = json!(1);
-        assert_eq!(one(value), one(fixture(FIRING)));
+        assert_eq!(one(parse, value), one(parse, fixture(FIRING)));
     }
 }

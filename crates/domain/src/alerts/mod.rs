@@ -6,6 +6,8 @@ mod alertmanager;
 mod generic;
 mod grafana;
 mod pagerduty;
+#[cfg(test)]
+mod testing;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -182,6 +182,7 @@ mod tests {
 
     use super::super::parse as parse_body;
     use super::*;
+    use crate::alerts::testing::*;
 
     const TRIGGER: &str = include_str!("../../tests/fixtures/alerts/pagerduty-trigger.json");
     const ACKNOWLEDGE: &str =
@@ -190,42 +191,13 @@ mod tests {
 
     const KEY: &str = "checkout-db/replication-lag";
 
-    fn fixture(text: &str) -> Value {
-        serde_json::from_str(text).unwrap()
-    }
-
-    fn one(value: Value) -> AlertSignal {
-        let mut signals = parse(value).unwrap();
-        assert_eq!(signals.len(), 1);
-        signals.remove(0)
-    }
-
-    fn error(value: Value) -> (String, String) {
-        match parse(value) {
-            Err(AlertError::Invalid { field, message }) => (field, message),
-            other => panic!("expected Invalid, got {other:?}"),
-        }
-    }
-
     fn trigger_with(pointer: &str, new: Value) -> Value {
-        let mut value = fixture(TRIGGER);
-        *value.pointer_mut(pointer).unwrap() = new;
-        value
-    }
-
-    fn without(mut value: Value, pointer_parent: &str, field: &str) -> Value {
-        value
-            .pointer_mut(pointer_parent)
-            .unwrap()
-            .as_object_mut()
-            .unwrap()
-            .remove(field);
-        value
+        with_pointer(fixture(TRIGGER), pointer, new)
     }
 
     #[test]
     fn trigger_fixture_opens_its_key() {
-        let signal = one(fixture(TRIGGER));
+        let signal = one(parse, fixture(TRIGGER));
         assert_eq!(signal.dedup_key, format!("pagerduty:{KEY}"));
         assert_eq!(signal.action, AlertAction::Trigger);
         assert_eq!(
@@ -253,7 +225,7 @@ mod tests {
 
     #[test]
     fn acknowledge_and_resolve_fixtures_target_the_same_key() {
-        let ack = one(fixture(ACKNOWLEDGE));
+        let ack = one(parse, fixture(ACKNOWLEDGE));
         assert_eq!(ack.dedup_key, format!("pagerduty:{KEY}"));
         assert_eq!(ack.action, AlertAction::Acknowledge);
         assert_eq!(ack.title.as_str(), format!("PagerDuty alert {KEY}"));
@@ -262,7 +234,7 @@ mod tests {
         assert_eq!(ack.source, None);
         assert_eq!(ack.reply_key.as_deref(), Some(KEY));
 
-        let resolve = one(fixture(RESOLVE));
+        let resolve = one(parse, fixture(RESOLVE));
         assert_eq!(resolve.dedup_key, format!("pagerduty:{KEY}"));
         assert_eq!(resolve.action, AlertAction::Resolve);
         assert_eq!(resolve.title.as_str(), format!("PagerDuty alert {KEY}"));
@@ -280,21 +252,21 @@ mod tests {
     #[test]
     fn a_trigger_without_dedup_key_gets_a_uuid() {
         let value = without(fixture(TRIGGER), "", "dedup_key");
-        let first = one(value.clone());
+        let first = one(parse, value.clone());
         let key = first.reply_key.clone().unwrap();
         let parsed = uuid::Uuid::parse_str(&key).unwrap();
         assert_eq!(parsed.get_version_num(), 4);
         assert_eq!(first.dedup_key, format!("pagerduty:{key}"));
-        assert_ne!(one(value).reply_key, first.reply_key);
+        assert_ne!(one(parse, value).reply_key, first.reply_key);
 
         let blank = trigger_with("/dedup_key", json!("  "));
-        assert!(one(blank).reply_key.is_some());
+        assert!(one(parse, blank).reply_key.is_some());
     }
 
     #[test]
     fn acknowledge_and_resolve_require_a_dedup_key() {
         for text in [ACKNOWLEDGE, RESOLVE] {
-            let (field, _) = error(without(fixture(text), "", "dedup_key"));
+            let (field, _) = error(parse, without(fixture(text), "", "dedup_key"));
             assert_eq!(field, "dedup_key");
         }
     }
@@ -303,16 +275,16 @@ mod tests {
     fn payload_summary_and_severity_are_used_on_resolve_when_present() {
         let mut value = fixture(RESOLVE);
         value["payload"] = json!({"summary": "Lag back to 0s", "severity": "info", "source": "db"});
-        let signal = one(value.clone());
+        let signal = one(parse, value.clone());
         assert_eq!(signal.title.as_str(), "Lag back to 0s");
         assert_eq!(signal.severity, Severity::SEV5);
         assert_eq!(signal.source.as_deref(), Some("db"));
 
         value["payload"] = json!({"severity": "purple"});
-        assert_eq!(one(value.clone()).severity, Severity::DEFAULT);
+        assert_eq!(one(parse, value.clone()).severity, Severity::DEFAULT);
 
         value["payload"] = json!("text");
-        assert_eq!(error(value).0, "payload");
+        assert_eq!(error(parse, value).0, "payload");
     }
 
     #[test]
@@ -325,24 +297,27 @@ mod tests {
             ("CRITICAL", Severity::SEV1),
         ];
         for (word, expected) in table {
-            let signal = one(trigger_with("/payload/severity", json!(word)));
+            let signal = one(parse, trigger_with("/payload/severity", json!(word)));
             assert_eq!(signal.severity, expected, "{word}");
         }
         for word in ["high", "SEV1", "purple", " "] {
-            let (field, _) = error(trigger_with("/payload/severity", json!(word)));
+            let (field, _) = error(parse, trigger_with("/payload/severity", json!(word)));
             assert_eq!(field, "payload.severity", "{word}");
         }
     }
 
     #[test]
     fn trigger_requires_payload_fields() {
-        assert_eq!(error(without(fixture(TRIGGER), "", "payload")).0, "payload");
+        assert_eq!(
+            error(parse, without(fixture(TRIGGER), "", "payload")).0,
+            "payload"
+        );
         for field in ["summary", "severity", "source"] {
-            let (path, message) = error(without(fixture(TRIGGER), "/payload", field));
+            let (path, message) = error(parse, without(fixture(TRIGGER), "/payload", field));
             assert_eq!(path, format!("payload.{field}"));
             assert_eq!(message, "is required");
         }
-        let (path, message) = error(trigger_with("/payload/summary", json!("   ")));
+        let (path, message) = error(parse, trigger_with("/payload/summary", json!("   ")));
         assert_eq!(
             (path.as_str(), message.as_str()),
             ("payload.summary", "must not be empty")
@@ -351,7 +326,10 @@ mod tests {
 
     #[test]
     fn summary_length_is_bounded_by_pagerdutys_limit() {
-        let signal = one(trigger_with("/payload/summary", json!("s".repeat(1024))));
+        let signal = one(
+            parse,
+            trigger_with("/payload/summary", json!("s".repeat(1024))),
+        );
         assert_eq!(
             signal.title.as_str().chars().count(),
             IncidentTitle::MAX_CHARS
@@ -360,33 +338,36 @@ mod tests {
         let description = signal.description.unwrap();
         assert!(description.starts_with(&"s".repeat(1024)));
 
-        let (field, _) = error(trigger_with("/payload/summary", json!("s".repeat(1025))));
+        let (field, _) = error(
+            parse,
+            trigger_with("/payload/summary", json!("s".repeat(1025))),
+        );
         assert_eq!(field, "payload.summary");
     }
 
     #[test]
     fn event_action_must_be_known() {
         assert_eq!(
-            error(trigger_with("/event_action", json!("escalate"))).0,
+            error(parse, trigger_with("/event_action", json!("escalate"))).0,
             "event_action"
         );
         assert_eq!(
-            error(trigger_with("/event_action", json!(1))).0,
+            error(parse, trigger_with("/event_action", json!(1))).0,
             "event_action"
         );
         assert_eq!(
-            error(without(fixture(TRIGGER), "", "event_action")).0,
+            error(parse, without(fixture(TRIGGER), "", "event_action")).0,
             "event_action"
         );
     }
 
     #[test]
     fn dedup_key_is_bounded_and_long_keys_hash() {
-        let (field, _) = error(trigger_with("/dedup_key", json!("k".repeat(256))));
+        let (field, _) = error(parse, trigger_with("/dedup_key", json!("k".repeat(256))));
         assert_eq!(field, "dedup_key");
         // 255 four-byte characters make a key over 1 024 bytes once namespaced.
         let wide = "🦀".repeat(255);
-        let signal = one(trigger_with("/dedup_key", json!(wide)));
+        let signal = one(parse, trigger_with("/dedup_key", json!(wide)));
         assert!(signal.dedup_key.starts_with("pagerduty:sha256:"));
         assert_eq!(signal.reply_key.as_deref(), Some(wide.as_str()));
     }
@@ -405,7 +386,11 @@ mod tests {
             ("/client_url", json!(1), "client_url"),
         ];
         for (pointer, new, expected) in cases {
-            assert_eq!(error(trigger_with(pointer, new)).0, expected, "{pointer}");
+            assert_eq!(
+                error(parse, trigger_with(pointer, new)).0,
+                expected,
+                "{pointer}"
+            );
         }
     }
 
@@ -419,6 +404,6 @@ mod tests {
         value["links"] = json!("not a list");
         value["images"] = json!(null);
         value["payload"]["timestamp"] = json!(1_700_000_000);
-        assert_eq!(one(value), one(fixture(TRIGGER)));
+        assert_eq!(one(parse, value), one(parse, fixture(TRIGGER)));
     }
 }

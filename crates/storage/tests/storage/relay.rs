@@ -10,9 +10,9 @@ use lapin::options::BasicGetOptions;
 use prometheus::Registry;
 use tocsin_broker::messages::{DeliveryMessage, EventMessage, TRIGGER_HEADER};
 use tocsin_broker::{header_str, Broker, QueueType, Topology};
-use tocsin_domain::alerts::{AlertAction, AlertSignal};
+use tocsin_domain::alerts::AlertAction;
 use tocsin_domain::delivery::Trigger;
-use tocsin_domain::{EventKind, IncidentTitle, RetrySettings, Severity, TargetUrl, WebhookName};
+use tocsin_domain::{EventKind, RetrySettings, TargetUrl, WebhookName};
 use tocsin_storage::deliveries;
 use tocsin_storage::incidents::{self, AlertBody};
 use tocsin_storage::outbox::{self, NewEvent};
@@ -21,6 +21,8 @@ use tocsin_storage::webhooks::{self, NewWebhook};
 use tocsin_testkit::deliveries::create_delivery;
 use tocsin_testkit::{amqp_url, wait_until, TcpProxy, TestDb, TestPrefix};
 use tokio_util::sync::CancellationToken;
+
+use crate::storage::signal;
 
 const DEADLINE: Duration = Duration::from_secs(15);
 /// How long a reconnection after an outage may take.
@@ -41,17 +43,8 @@ fn broker_for(prefix: &TestPrefix, delays: &str, name: &str) -> Broker {
 /// Opens an incident; returns its `incidents.opened` event.
 async fn open_incident(db: &TestDb, key: &str) -> NewEvent {
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    let signal = AlertSignal {
-        dedup_key: key.into(),
-        action: AlertAction::Trigger,
-        title: IncidentTitle::parse("CPU hot").unwrap(),
-        severity: Severity::SEV3,
-        description: None,
-        source: None,
-        reply_key: None,
-        labels: Default::default(),
-    };
-    tocsin_testkit::apply_signals(&mut conn, &[signal], outbox::Wake::Listeners)
+    let signals = [signal(key, AlertAction::Trigger)];
+    tocsin_testkit::apply_signals(&mut conn, &signals, outbox::Wake::Listeners)
         .await
         .unwrap()[0]
         .events[0]
@@ -141,16 +134,6 @@ async fn an_alert_bodys_headers_travel_on_its_event_messages() {
     let prefix = TestPrefix::new();
     let (broker, relay) = broker_and_relay(&db, &prefix);
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    let signal = |key: &str, action| AlertSignal {
-        dedup_key: key.into(),
-        action,
-        title: IncidentTitle::parse("CPU hot").unwrap(),
-        severity: Severity::SEV3,
-        description: None,
-        source: None,
-        reply_key: None,
-        labels: Default::default(),
-    };
     let traced = |n: u8| {
         serde_json::json!({
             "traceparent": format!("00-4bf92f3577b34da6a3ce929d0e0e47{n:02x}-00f067aa0ba902b7-01"),
