@@ -24,7 +24,7 @@ pub use database::{database_server_url, TestDb};
 pub use process::{binary, free_port, wait_ready, ServiceProcess};
 pub use proxy::TcpProxy;
 pub use receiver::{Behavior, Received, Receiver};
-pub use wait::{wait_for, wait_until};
+pub use wait::{wait_for, wait_until, within};
 
 /// Applies the signals of one alert body as ingest does (see
 /// `tocsin_storage::incidents::apply_alerts`), answering its outcomes.

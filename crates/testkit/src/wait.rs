@@ -3,9 +3,9 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-/// Polls `probe` every 20 ms until it returns `Some`, and returns that value. Panics naming
-/// `what` when `deadline` passes first.
-pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, mut probe: F) -> T
+/// Polls `probe` every 20 ms until it returns `Some`, and returns that value; `None` when
+/// `deadline` passes first (for a caller that says itself what was still missing).
+pub async fn within<T, F, Fut>(deadline: Duration, mut probe: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -13,12 +13,25 @@ where
     let start = Instant::now();
     loop {
         if let Some(value) = probe().await {
-            return value;
+            return Some(value);
         }
         if start.elapsed() > deadline {
-            panic!("timed out after {deadline:?} waiting for {what}");
+            return None;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Polls `probe` every 20 ms until it returns `Some`, and returns that value. Panics naming
+/// `what` when `deadline` passes first.
+pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    match within(deadline, probe).await {
+        Some(value) => value,
+        None => panic!("timed out after {deadline:?} waiting for {what}"),
     }
 }
 

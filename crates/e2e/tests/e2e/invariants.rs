@@ -30,7 +30,8 @@ use diesel::QueryableByName;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use serde_json::{json, Value};
 use tocsin_testkit::{
-    amqp_url, binary, free_port, wait_until, Behavior, Receiver, ServiceProcess, TestDb, TestPrefix,
+    amqp_url, binary, free_port, wait_until, within, Behavior, Receiver, ServiceProcess, TestDb,
+    TestPrefix,
 };
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -578,20 +579,32 @@ async fn run(seed: u64) -> Vec<String> {
     // Let everything finish: the target answers, and every delivery ends.
     system.target.set_behavior(Behavior::Status(200));
     let mut conn = system.conn().await;
-    wait_until(
-        "every delivery finished, every attempt recorded",
-        SETTLE,
-        || async {
-            system
-                .db
-                .count("deliveries WHERE state NOT IN ('succeeded', 'failed')")
-                .await
-                == 0
-                && system.db.count("attempts WHERE success IS NULL").await == 0
-                && system.db.count("outbox WHERE published_at IS NULL").await == 0
-        },
-    )
+    let unsettled = [
+        "deliveries WHERE state = 'waiting' AND wait_reason = 'webhook_disabled'",
+        "deliveries WHERE state = 'waiting' AND wait_reason IS DISTINCT FROM 'webhook_disabled'",
+        "deliveries WHERE state NOT IN ('succeeded', 'failed', 'waiting')",
+        "attempts WHERE success IS NULL",
+        "outbox WHERE published_at IS NULL",
+    ];
+    let counts = std::sync::Mutex::new(Vec::new());
+    let settled = within(SETTLE, || async {
+        let mut now = Vec::new();
+        for rows in unsettled {
+            now.push(system.db.count(rows).await);
+        }
+        let done = now.iter().all(|&n| n == 0);
+        *counts.lock().unwrap() = now;
+        done.then_some(())
+    })
     .await;
+    assert!(
+        settled.is_some(),
+        "seed {seed}: not every delivery finished within {SETTLE:?}; still {:?}",
+        unsettled
+            .iter()
+            .zip(counts.lock().unwrap().iter())
+            .collect::<Vec<_>>()
+    );
     // Manual retries enqueued last have been made (or refused) once the queues are empty.
     let queue = format!("{}.deliveries", system._prefix.prefix);
     wait_until("the delivery queue drained", SETTLE, || async {
