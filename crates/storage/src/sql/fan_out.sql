@@ -39,7 +39,8 @@ WITH input AS (
     FROM input v JOIN webhooks w ON w.id = v.test_webhook_id AND w.deleted_at IS NULL
 ), disabled AS (
     SELECT w.id FROM webhooks w
-    WHERE w.id IN (SELECT webhook_id FROM subscribed WHERE NOT enabled) AND NOT w.enabled
+    WHERE w.id IN (SELECT webhook_id FROM subscribed WHERE NOT enabled)
+        AND NOT w.enabled AND w.deleted_at IS NULL
     FOR SHARE
 ), decided AS (
     SELECT s.event_id, s.kind, s.incident_id, s.webhook_id, s.timeout_ms, s.limited,

@@ -3,7 +3,9 @@
 -- time has come; for each enabled webhook at most the room the caller has for it ($1 webhook
 -- ids, $2 room; $3 for any other webhook), at most $4 in all. Webhooks are walked one by one
 -- through the partial index of waiting rows, so a large backlog waiting for one webhook costs
--- the others nothing; deliveries waiting for a disabled webhook are not read at all.
+-- the others nothing; deliveries waiting for a disabled webhook are not read at all (they wait
+-- for it to be enabled). Those of a deleted webhook are taken, so that their refused claims
+-- fail them: a fan-out that met the deletion may have left some after it stopped the rest.
 SELECT d.id AS delivery_id, d.webhook_id, d.auto_attempts
 FROM webhooks w CROSS JOIN LATERAL (
     SELECT d.id, d.webhook_id, d.auto_attempts, d.created_at FROM deliveries d
@@ -16,6 +18,6 @@ FROM webhooks w CROSS JOIN LATERAL (
          WHERE q.webhook_id = w.id LIMIT 1),
         $3)
 ) d
-WHERE w.enabled AND w.deleted_at IS NULL
+WHERE w.enabled OR w.deleted_at IS NOT NULL
 ORDER BY d.created_at, d.id
 LIMIT $4

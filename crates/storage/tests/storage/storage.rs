@@ -1799,6 +1799,40 @@ async fn a_claim_takes_a_waiting_delivery_back_to_pending_or_retrying() {
         .is_empty());
 }
 
+/// A delivery left waiting for a slot of a webhook that was deleted meanwhile (by a fan-out that
+/// met the deletion, after the deletion stopped the others) is taken, so that its refused claim
+/// fails it; one of a webhook disabled meanwhile waits for the webhook to be enabled.
+#[tokio::test]
+async fn a_deleted_webhooks_waiting_deliveries_are_taken_to_fail_and_a_disabled_ones_wait() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool().get().await.unwrap();
+    let deleted = webhook_for_every_event(&mut conn, "deleted").await;
+    let disabled = webhook_for_every_event(&mut conn, "disabled").await;
+    let event = open(&mut conn, "busy").await;
+    let fanned = fan_out(&mut conn, &event, &[deleted.id, disabled.id]).await;
+    assert_eq!(fanned.waiting, 2);
+    conn.batch_execute(&format!(
+        "UPDATE webhooks SET deleted_at = now() WHERE id = '{}';
+         UPDATE webhooks SET enabled = false WHERE id = '{}'",
+        deleted.id, disabled.id
+    ))
+    .await
+    .unwrap();
+    let of_deleted = deliveries_of(&mut conn, deleted.id).await[0].id;
+    let taken = deliveries::take_waiting(&mut conn, &[], 10, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        taken.iter().map(|d| d.delivery_id).collect::<Vec<_>>(),
+        [of_deleted]
+    );
+    assert!(claim_auto(&mut conn, of_deleted, 0).await.is_none());
+    assert_eq!(
+        deliveries::stop(&mut conn, &[of_deleted], 5).await.unwrap(),
+        [of_deleted]
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // The sweeper's queries
 
