@@ -11,10 +11,13 @@
 -- only when an operator recovers it. Whether a webhook is disabled is read from its row locked
 -- (`disabled`), not from this statement's snapshot: an enabling that commits while this
 -- statement runs is seen, so its deliveries start as an enabled webhook's, and one that
--- starts later waits for this statement's commit, so the recovery that follows it finds them. The fanning dispatcher has room for $8[i] more attempts
--- to webhook $5[i] (any other: no limit): a delivery beyond its webhook's room starts
--- `waiting` (`webhook_busy`). When $6 is true, every other delivery, but those of a
--- rate-limited webhook (their claims go through its budget, `sql/claim.sql`), starts with its
+-- starts later waits for this statement's commit, so the recovery that follows it finds them.
+-- It locks every disabled webhook subscribed to a kind in $2 (or tested by $4), filters aside,
+-- so that `subscribed` is read once and stays inlined.
+--
+-- The fanning dispatcher has room for $8[i] more attempts to webhook $5[i] (any other: no
+-- limit): a delivery beyond its webhook's room starts `waiting` (`webhook_busy`). When $6 is
+-- true, every other delivery, but those of a rate-limited webhook (their claims go through its budget, `sql/claim.sql`), starts with its
 -- first attempt claimed, as `sql/claim.sql` claims one: counted, leased for twice the
 -- webhook's timeout (time to wait for a slot, then to make the request) plus $7 ms, and
 -- logged with no outcome yet, in this same statement; the fanning dispatcher makes them.
@@ -39,8 +42,8 @@ WITH input AS (
     FROM input v JOIN webhooks w ON w.id = v.test_webhook_id AND w.deleted_at IS NULL
 ), disabled AS (
     SELECT w.id FROM webhooks w
-    WHERE w.id IN (SELECT webhook_id FROM subscribed WHERE NOT enabled)
-        AND NOT w.enabled AND w.deleted_at IS NULL
+    WHERE NOT w.enabled AND w.deleted_at IS NULL
+        AND (w.events && $2::text[] OR w.id = ANY($4::uuid[]))
     FOR SHARE
 ), decided AS (
     SELECT s.event_id, s.kind, s.incident_id, s.webhook_id, s.timeout_ms, s.limited,
