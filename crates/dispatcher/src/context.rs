@@ -70,8 +70,9 @@ pub(crate) struct Context {
     pub slots: Arc<WebhookSlots>,
     /// Requests in flight in all (`TOCSIN_DISPATCHER_CONCURRENCY`).
     pub requests: Arc<Semaphore>,
-    /// Attempts this dispatcher started itself (first attempts after a fan-out, waiting
-    /// deliveries taken), drained on stop.
+    /// The two consumers and the attempts this dispatcher started itself (first attempts
+    /// after a fan-out, waiting deliveries taken), drained on stop: the last health write
+    /// waits for them all, retries and manual attempts (made in the consumer's drain) included.
     pub tasks: TaskTracker,
     /// The repository operations whose concurrent calls share statements.
     pub batched: Batched,

@@ -15,7 +15,6 @@ use tocsin_broker::messages::{DeliveryMessage, ATTEMPT_HEADER, TRIGGER_HEADER};
 use tocsin_broker::{header_int, header_str};
 use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger};
 use tocsin_domain::signing::{self, headers};
-use tocsin_domain::WebhookHeaders;
 use tocsin_storage::attempts::{AttemptResult, Claim, Completion, Job};
 use tocsin_storage::deliveries::{self, Due};
 use tocsin_web::telemetry::RemoteParent;
@@ -341,26 +340,18 @@ async fn send(ctx: &Context, job: &Job, started_at: OffsetDateTime) -> AttemptRe
     if job.test {
         sent.push(("tocsin-test", "true".into()));
     }
-    let ours = sent.len();
     // The webhook's own headers follow Tocsin's (their names never collide: they are
     // reserved); the log shows their values masked.
-    sent.extend(
-        job.webhook
-            .headers
-            .iter()
-            .map(|(name, value)| (name, value.to_owned())),
-    );
     let request_headers = Value::Object(
         sent.iter()
-            .enumerate()
-            .map(|(i, (name, value))| {
-                let shown = if i < ours {
-                    value.clone()
-                } else {
-                    WebhookHeaders::MASK.to_owned()
-                };
-                ((*name).to_owned(), Value::String(shown))
-            })
+            .map(|(name, value)| ((*name).to_owned(), Value::String(value.clone())))
+            .chain(
+                job.webhook
+                    .headers
+                    .masked()
+                    .into_iter()
+                    .map(|(name, masked)| (name, Value::String(masked))),
+            )
             .collect::<Map<_, _>>(),
     );
     let exchange = exchange(ctx, job, &sent).await;
@@ -450,6 +441,9 @@ async fn exchange(
     let mut request = ctx.client.post(url.clone()).body(job.body.clone());
     for (name, value) in sent {
         request = request.header(*name, value);
+    }
+    for (name, value) in job.webhook.headers.iter() {
+        request = request.header(name, value);
     }
     let timeout = job.webhook.retry.timeout();
     let deadline = tokio::time::Instant::now() + timeout;

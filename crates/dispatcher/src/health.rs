@@ -61,8 +61,8 @@ fn truncated(text: &str, max: usize) -> &str {
         .map_or(text, |(at, _)| &text[..at])
 }
 
-/// Writes the tallies every [`WRITE_EVERY`]; once cancelled, once more after the attempts
-/// under way (`attempts`) have drained, within `drain`.
+/// Writes the tallies every [`WRITE_EVERY`]; once cancelled, once more after the consumers
+/// and the attempts under way (`attempts`) have drained, within `drain`.
 pub(crate) async fn run(
     tally: Arc<HealthTally>,
     pool: DbPool,
@@ -80,11 +80,16 @@ pub(crate) async fn run(
         if stopping {
             let _ = tokio::time::timeout(drain, attempts.wait()).await;
         }
-        if let Err(error) = write(&tally, &pool).await {
-            tracing::warn!(error = %format!("{error:#}"), "writing webhook health failed; will retry");
-        }
-        if stopping {
-            return;
+        match write(&tally, &pool).await {
+            Ok(()) if stopping => return,
+            Ok(()) => {}
+            Err(error) if stopping => {
+                tracing::warn!(error = %format!("{error:#}"), "writing webhook health failed at the stop; the counts since the last write are lost (the delivery log keeps every attempt)");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), "writing webhook health failed; will retry");
+            }
         }
     }
 }

@@ -104,22 +104,22 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let ctx = context.clone();
     background.spawn(
         "fanout-consumer",
-        run_consumer(
+        context.tasks.track_future(run_consumer(
             broker.clone(),
             options(topology.fanout_queue(), config.fanout_prefetch, "fanout"),
             background.token(),
             move |message| crate::fanout::handle_event(ctx.clone(), message),
-        ),
+        )),
     );
     let ctx = context.clone();
     background.spawn(
         "delivery-consumer",
-        run_consumer(
+        context.tasks.track_future(run_consumer(
             broker.clone(),
             options(topology.delivery_queue(), config.concurrency, "deliveries"),
             background.token(),
             move |message| crate::deliver::handle_delivery(ctx.clone(), message),
-        ),
+        )),
     );
     background.spawn(
         "gauges",
@@ -146,7 +146,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             cancel.cancelled().await;
             ctx.tasks.close();
             if tokio::time::timeout(drain, ctx.tasks.wait()).await.is_err() {
-                tracing::warn!("attempts under way did not finish within the drain bound; the sweeper records them as interrupted");
+                tracing::warn!("the consumers and attempts under way did not finish within the drain bound; the sweeper records the attempts as interrupted");
             }
         });
     }

@@ -140,9 +140,18 @@ fn text<'a>(field: &str, raw: &'a str) -> Result<&'a str, InvalidSetting> {
 /// after Tocsin's own. Names are HTTP tokens, kept in lower case; names Tocsin sets or that
 /// frame the request are reserved. Values are secrets to whoever reads the delivery log: they
 /// are shown as [`WebhookHeaders::MASK`] everywhere but the form that sets them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct WebhookHeaders(BTreeMap<String, String>);
+
+/// Names with their values masked: a record that holds headers never prints them.
+impl std::fmt::Debug for WebhookHeaders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.0.keys().map(|name| (name, Self::MASK)))
+            .finish()
+    }
+}
 
 impl WebhookHeaders {
     /// What a header value reads as outside the form that sets it.
@@ -153,11 +162,23 @@ impl WebhookHeaders {
     pub const MAX_NAME_BYTES: usize = 100;
     /// Longest value, in bytes.
     pub const MAX_VALUE_BYTES: usize = 1000;
-    /// Names Tocsin sets itself or that frame the request; `webhook-` and `tocsin-` are
-    /// reserved prefixes.
-    pub const RESERVED: [&'static str; 4] =
-        ["content-type", "content-length", "host", "user-agent"];
-    pub const RESERVED_PREFIXES: [&'static str; 2] = ["webhook-", "tocsin-"];
+    /// Names Tocsin sets itself, or that frame the request or the connection (sent with every
+    /// delivery they would break them all); `webhook-`, `tocsin-` and `proxy-` are reserved
+    /// prefixes.
+    pub const RESERVED: [&'static str; 11] = [
+        "content-type",
+        "content-length",
+        "content-encoding",
+        "transfer-encoding",
+        "host",
+        "user-agent",
+        "connection",
+        "keep-alive",
+        "upgrade",
+        "te",
+        "trailer",
+    ];
+    pub const RESERVED_PREFIXES: [&'static str; 3] = ["webhook-", "tocsin-", "proxy-"];
 
     /// Headers as a client gave them. A value of [`WebhookHeaders::MASK`] keeps the value the
     /// same name has in `current` (so that a read, changed and written back, keeps its
@@ -188,7 +209,7 @@ impl WebhookHeaders {
             {
                 return Err(InvalidSetting::new(
                     field,
-                    "is reserved: Tocsin sets content-type, content-length, host, user-agent, webhook-* and tocsin-* itself",
+                    "is reserved: Tocsin sets content-type, content-length, host, user-agent, webhook-* and tocsin-* itself, and content-encoding, transfer-encoding, connection, keep-alive, upgrade, te, trailer and proxy-* frame the request or the connection",
                 ));
             }
             let value = if value == Self::MASK {
@@ -315,6 +336,14 @@ mod tests {
             "webhook-id",
             "tocsin-event",
             "Tocsin-Anything",
+            "Transfer-Encoding",
+            "content-encoding",
+            "Connection",
+            "keep-alive",
+            "upgrade",
+            "TE",
+            "trailer",
+            "Proxy-Authorization",
         ] {
             let error = WebhookHeaders::parse(&map(&[(name, "x")]), None).unwrap_err();
             assert_eq!(error.field, format!("headers.{name}"));
@@ -328,6 +357,7 @@ mod tests {
         let ok = WebhookHeaders::parse(&map(&[("X-Team-Key", "k1")]), None).unwrap();
         assert_eq!(ok.iter().collect::<Vec<_>>(), vec![("x-team-key", "k1")]);
         assert_eq!(ok.masked(), map(&[("x-team-key", "***")]));
+        assert_eq!(format!("{ok:?}"), r#"{"x-team-key": "***"}"#);
     }
 
     #[test]

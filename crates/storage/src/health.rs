@@ -254,9 +254,10 @@ ORDER BY h.webhook_id",
                 // does): never the health row, which recording an outcome locks after the
                 // delivery's, so that the two cannot wait for each other.
                 match set_enabled(conn, row.webhook_id, false, &reason, now).await {
-                    Ok(webhook) if webhook.disabled_reason.as_deref() == Some(reason.as_str()) => {}
-                    // Disabled already, or deleted meanwhile.
-                    Ok(_) | Err(DbError::NotFound) => return Ok(false),
+                    Ok((_, true)) => {}
+                    // Disabled already (by an operator, or by another dispatcher's pass that
+                    // read the same row), or deleted meanwhile.
+                    Ok((_, false)) | Err(DbError::NotFound) => return Ok(false),
                     Err(error) => return Err(error),
                 }
                 // A success recorded meanwhile clears `failing_since`: then it stays enabled.

@@ -351,7 +351,9 @@ pub async fn update(
         .optional()?
         .ok_or(DbError::NotFound)?;
         match changes.enabled {
-            Some(enabled) => set_enabled(conn, id, enabled, DISABLED_BY_OPERATOR, now).await,
+            Some(enabled) => set_enabled(conn, id, enabled, DISABLED_BY_OPERATOR, now)
+                .await
+                .map(|(webhook, _)| webhook),
             None => row.try_into(),
         }
     })
@@ -361,13 +363,14 @@ pub async fn update(
 /// Enables or disables a webhook in the caller's transaction. Disabling one that is enabled
 /// records `reason` and stops its unfinished deliveries; enabling one that is disabled clears
 /// the reason and starts its failing time afresh. Either is a no-op when it is so already.
+/// Returns the webhook, and whether this call changed it.
 pub(crate) async fn set_enabled(
     conn: &mut AsyncPgConnection,
     id: Uuid,
     enabled: bool,
     reason: &str,
     now: OffsetDateTime,
-) -> Result<Webhook, DbError> {
+) -> Result<(Webhook, bool), DbError> {
     let changed: Option<WebhookRow> = diesel::update(
         webhooks::table
             .find(id)
@@ -385,7 +388,7 @@ pub(crate) async fn set_enabled(
     .await
     .optional()?;
     let Some(row) = changed else {
-        return get(conn, id).await;
+        return Ok((get(conn, id).await?, false));
     };
     if enabled {
         diesel::update(webhook_health::table.find(id))
@@ -395,7 +398,7 @@ pub(crate) async fn set_enabled(
     } else {
         stop_unfinished(conn, id, now).await?;
     }
-    row.try_into()
+    Ok((row.try_into()?, true))
 }
 
 /// Deletes a webhook: it receives nothing more and its unfinished deliveries stop, but the

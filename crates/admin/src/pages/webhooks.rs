@@ -241,9 +241,10 @@ impl SubscriptionFields {
                     Some((key, value)) => {
                         map.insert(key.trim().to_owned(), value.trim().to_owned());
                     }
+                    // The line is not echoed: a header's may hold its secret value.
                     None => refused.push(FieldError::new(
                         field,
-                        format!("each line must be name{separator}value (got {line:?})"),
+                        format!("each line must be name{separator}value"),
                     )),
                 }
             }

@@ -232,10 +232,20 @@ pub struct WebhookWithSecret {
 
 impl WebhookWithSecret {
     async fn load(state: &AdminState, webhook: &repo::Webhook) -> Result<Self, AdminError> {
-        Ok(WebhookWithSecret {
-            webhook: view(state, webhook).await?,
+        Ok(Self::with_health(webhook, view(state, webhook).await?))
+    }
+
+    /// A webhook just created: it has no outcomes yet, so its health is not read (a failed
+    /// read would answer an error for a webhook that was created).
+    fn created(webhook: &repo::Webhook) -> Self {
+        Self::with_health(webhook, Webhook::new(webhook, Default::default()))
+    }
+
+    fn with_health(webhook: &repo::Webhook, view: Webhook) -> Self {
+        WebhookWithSecret {
+            webhook: view,
             secret: webhook.secret.expose().to_owned(),
-        })
+        }
     }
 }
 
@@ -271,8 +281,10 @@ pub struct NewWebhook {
     #[serde(default)]
     pub filters: Option<Filters>,
     /// Sent with every delivery. Names are HTTP header names (kept in lower case), at most 20;
-    /// `content-type`, `content-length`, `host`, `user-agent`, `webhook-*` and `tocsin-*` are
-    /// reserved. Values: printable ASCII, at most 1000 characters.
+    /// `content-type`, `content-length`, `host`, `user-agent`, `webhook-*`, `tocsin-*` and the
+    /// names that frame the body or connection (`content-encoding`, `transfer-encoding`,
+    /// `connection`, `keep-alive`, `upgrade`, `te`, `trailer`, `proxy-*`) are reserved.
+    /// Values: printable ASCII, at most 1000 characters.
     #[serde(default)]
     #[schema(example = json!({"X-Team-Key": "k1"}))]
     pub headers: Option<BTreeMap<String, String>>,
@@ -477,7 +489,7 @@ pub async fn create(
     let new: NewWebhook = state.json(&req, payload).await?;
     let record = new.validate()?;
     let webhook = actions::create_webhook(&state, &record).await?;
-    Ok(HttpResponse::Created().json(WebhookWithSecret::load(&state, &webhook).await?))
+    Ok(HttpResponse::Created().json(WebhookWithSecret::created(&webhook)))
 }
 
 /// Lists webhooks, newest first (deleted ones are not listed).

@@ -131,7 +131,11 @@ async fn send_alerts(
         }
         let body = format!(r#"{{"title":"stream {i}","dedup_key":"stream-{i}"}}"#);
         let started = Instant::now();
+        // The first tick is at once; each retry comes a back-off after the send before it.
+        let mut sends = tokio::time::interval(SENDER_BACKOFF);
+        sends.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            sends.tick().await;
             assert!(
                 started.elapsed() < RECOVERY_DEADLINE,
                 "alert {i} never accepted"
@@ -148,7 +152,6 @@ async fn send_alerts(
                 Ok(status) if status < 500 => panic!("alert {i}: unexpected {status}"),
                 _ => {
                     refused.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(SENDER_BACKOFF).await;
                 }
             }
         }
