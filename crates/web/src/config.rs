@@ -335,13 +335,6 @@ pub fn parse_or_exit<T: clap::Parser>(binary: &str) -> T {
     }
 }
 
-/// Installs the tracing subscriber (`RUST_LOG`, default `info`), logging only: a service's
-/// binary calls [`crate::telemetry::init`], which exports traces too when asked to. Safe to
-/// call more than once.
-pub fn init_tracing(format: LogFormat) {
-    crate::telemetry::init_logging(format);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -166,11 +166,6 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Whether traces are exported.
-    pub fn is_exporting(&self) -> bool {
-        self.provider.is_some()
-    }
-
     /// Exports the spans still queued and stops the exporter (bounded by the SDK: 5 s).
     pub async fn shutdown(self) {
         let Some(provider) = self.provider else {
