@@ -1,11 +1,13 @@
 //! Building the dispatcher: its context, the two consumers, the waiting pass, the sweeper and
 //! the health and metrics server.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::web;
 use anyhow::Context as _;
+use lapin::message::Delivery;
 use tocsin_broker::{run_consumer, ConsumerOptions};
 use tocsin_storage::attempts::ClaimRules;
 use tocsin_web::config::Foundation;
@@ -40,6 +42,45 @@ fn http_client(policy: Arc<TargetPolicy>) -> anyhow::Result<reqwest::Client> {
         .tcp_nodelay(true)
         .build()
         .context("building the HTTP client")
+}
+
+/// What the dispatcher's two consumers share: the context their handlers get, and the
+/// instance that tells this process's consumer tags from other dispatchers'.
+struct Consumers {
+    context: Arc<Context>,
+    instance: String,
+    drain_timeout: Duration,
+}
+
+impl Consumers {
+    /// Consumes `queue` with `prefetch` messages unacknowledged at most, handling each with
+    /// `handle`, as the task `name` with the tag `tocsin-dispatcher-{name}-{instance}`.
+    /// The context's tasks count it, so the last health write waits for its drain.
+    fn start<Fut>(
+        &self,
+        background: &mut Background,
+        name: &'static str,
+        (queue, prefetch): (String, u16),
+        handle: fn(Arc<Context>, Delivery) -> Fut,
+    ) where
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let options = ConsumerOptions {
+            queue,
+            prefetch,
+            tag: format!("tocsin-dispatcher-{name}-{}", self.instance),
+            drain_timeout: self.drain_timeout,
+        };
+        let ctx = self.context.clone();
+        let consumer = run_consumer(
+            ctx.broker.clone(),
+            options,
+            background.token(),
+            move |message| handle(ctx.clone(), message),
+        );
+        let task = self.context.tasks.track_future(consumer);
+        background.spawn(name, task);
+    }
 }
 
 /// Migrates the database, then builds the dispatcher.
@@ -93,33 +134,23 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         common.client_timeout,
     )?;
 
-    let instance = format!("{}-{}", std::process::id(), Uuid::now_v7().simple());
-    let topology = broker.topology().clone();
-    let options = |queue, prefetch, consumer: &str| ConsumerOptions {
-        queue,
-        prefetch,
-        tag: format!("tocsin-dispatcher-{consumer}-{instance}"),
+    let consumers = Consumers {
+        context: context.clone(),
+        instance: format!("{}-{}", std::process::id(), Uuid::now_v7().simple()),
         drain_timeout: common.shutdown_timeout,
     };
-    let ctx = context.clone();
-    background.spawn(
+    let topology = broker.topology();
+    consumers.start(
+        &mut background,
         "fanout-consumer",
-        context.tasks.track_future(run_consumer(
-            broker.clone(),
-            options(topology.fanout_queue(), config.fanout_prefetch, "fanout"),
-            background.token(),
-            move |message| crate::fanout::handle_event(ctx.clone(), message),
-        )),
+        (topology.fanout_queue(), config.fanout_prefetch),
+        crate::fanout::handle_event,
     );
-    let ctx = context.clone();
-    background.spawn(
+    consumers.start(
+        &mut background,
         "delivery-consumer",
-        context.tasks.track_future(run_consumer(
-            broker.clone(),
-            options(topology.delivery_queue(), config.concurrency, "deliveries"),
-            background.token(),
-            move |message| crate::deliver::handle_delivery(ctx.clone(), message),
-        )),
+        (topology.delivery_queue(), config.concurrency),
+        crate::deliver::handle_delivery,
     );
     background.spawn(
         "gauges",

@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use crate::schema::{attempts, deliveries, events};
 use crate::statement::Statement;
-use crate::{Cursor, DbError, Page};
+use crate::{found, Cursor, DbError, Listed, Page};
 pub use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger, WaitReason};
 use tocsin_domain::EventKind;
 
@@ -61,6 +61,12 @@ pub struct Delivery {
     pub created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,
+}
+
+impl Listed for Delivery {
+    fn cursor(&self) -> Cursor {
+        Cursor::new(self.created_at, self.id)
+    }
 }
 
 impl TryFrom<DeliveryRow> for Delivery {
@@ -266,14 +272,8 @@ pub async fn count_unfinished(
 
 /// One delivery.
 pub async fn get(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Delivery, DbError> {
-    deliveries::table
-        .find(id)
-        .select(DeliveryRow::as_select())
-        .first(conn)
-        .await
-        .optional()?
-        .ok_or(DbError::NotFound)?
-        .try_into()
+    let row = deliveries::table.find(id).select(DeliveryRow::as_select());
+    found(row.first(conn).await.optional()?)
 }
 
 /// Filters of the delivery log.
@@ -318,23 +318,10 @@ pub async fn list(
         query = query.filter(deliveries::created_at.lt(until));
     }
     if let Some(cursor) = &page.cursor {
-        query = query.filter(
-            deliveries::created_at
-                .lt(cursor.at)
-                .or(deliveries::created_at
-                    .eq(cursor.at)
-                    .and(deliveries::id.lt(cursor.id))),
-        );
+        query = query.filter(cursor.before());
     }
     let rows: Vec<DeliveryRow> = query.load(conn).await?;
-    let items = rows
-        .into_iter()
-        .map(Delivery::try_from)
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(page.split(items, |d| Cursor {
-        at: d.created_at,
-        id: d.id,
-    }))
+    page.finish(rows)
 }
 
 /// One logged attempt. An attempt is logged when it is claimed, before its request is sent,

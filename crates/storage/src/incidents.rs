@@ -13,7 +13,7 @@ use uuid::Uuid;
 use crate::outbox::{self, NewEvent, Wake};
 use crate::schema::incidents;
 use crate::statement::Statement;
-use crate::{Cursor, DbError, Page};
+use crate::{found, Cursor, DbError, Listed, Page};
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
 use tocsin_domain::{
     EventKind, EventPayload, IncidentData, IncidentStatus, Severity, TransitionError,
@@ -53,6 +53,12 @@ pub struct Incident {
     pub resolved_at: Option<OffsetDateTime>,
     /// The labels of the alert that opened it (subscription filters match them).
     pub labels: BTreeMap<String, String>,
+}
+
+impl Listed for Incident {
+    fn cursor(&self) -> Cursor {
+        Cursor::new(self.created_at, self.id)
+    }
 }
 
 impl TryFrom<IncidentRow> for Incident {
@@ -557,14 +563,8 @@ pub async fn change_status(
 
 /// One incident.
 pub async fn get(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Incident, DbError> {
-    incidents::table
-        .find(id)
-        .select(IncidentRow::as_select())
-        .first(conn)
-        .await
-        .optional()?
-        .ok_or(DbError::NotFound)?
-        .try_into()
+    let row = incidents::table.find(id).select(IncidentRow::as_select());
+    found(row.first(conn).await.optional()?)
 }
 
 /// Filters of the incident list.
@@ -592,19 +592,8 @@ pub async fn list(
         query = query.filter(incidents::severity.eq(severity.as_str()));
     }
     if let Some(cursor) = &page.cursor {
-        query = query.filter(
-            incidents::created_at.lt(cursor.at).or(incidents::created_at
-                .eq(cursor.at)
-                .and(incidents::id.lt(cursor.id))),
-        );
+        query = query.filter(cursor.before());
     }
     let rows: Vec<IncidentRow> = query.load(conn).await?;
-    let items = rows
-        .into_iter()
-        .map(Incident::try_from)
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(page.split(items, |i| Cursor {
-        at: i.created_at,
-        id: i.id,
-    }))
+    page.finish(rows)
 }

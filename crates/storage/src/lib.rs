@@ -74,6 +74,22 @@ impl From<diesel_async::pooled_connection::deadpool::PoolError> for DbError {
     }
 }
 
+/// Records loaded as they are stored convert without error.
+impl From<std::convert::Infallible> for DbError {
+    fn from(never: std::convert::Infallible) -> Self {
+        match never {}
+    }
+}
+
+/// The record of a row that must exist: `NotFound` when there is none.
+pub(crate) fn found<Row, T>(row: Option<Row>) -> Result<T, DbError>
+where
+    T: TryFrom<Row>,
+    DbError: From<T::Error>,
+{
+    Ok(T::try_from(row.ok_or(DbError::NotFound)?)?)
+}
+
 impl DbError {
     /// Whether trying again later may succeed: the database was unreachable, the connection
     /// broke or a serialization failure occurred — not a missing row, bad data or a violated
@@ -113,29 +129,9 @@ impl DbError {
     }
 }
 
-/// A repository function over a batch of items, its future boxed so that [`run_batch`] can
-/// take it.
-pub trait BatchFn<T, R>:
-    for<'a> Fn(
-        &'a mut AsyncPgConnection,
-        &'a [T],
-    ) -> futures::future::BoxFuture<'a, Result<Vec<R>, DbError>>
-    + Send
-    + Sync
-    + 'static
-{
-}
-
-impl<T, R, F> BatchFn<T, R> for F where
-    F: for<'a> Fn(
-            &'a mut AsyncPgConnection,
-            &'a [T],
-        ) -> futures::future::BoxFuture<'a, Result<Vec<R>, DbError>>
-        + Send
-        + Sync
-        + 'static
-{
-}
+/// The future of a repository function over a batch of items, boxed so that [`run_batch`]
+/// can take any such function: one answer per item, in order.
+pub type BatchFuture<'a, R> = futures::future::BoxFuture<'a, Result<Vec<R>, DbError>>;
 
 /// Runs `batch` over every item on one pooled connection and answers for each item. When the
 /// batch fails for a reason of its own (a violated constraint, bad data), each item is run
@@ -144,7 +140,7 @@ impl<T, R, F> BatchFn<T, R> for F where
 pub async fn run_batch<T, R>(
     pool: &DbPool,
     items: &[T],
-    batch: &impl BatchFn<T, R>,
+    batch: &(dyn for<'a> Fn(&'a mut AsyncPgConnection, &'a [T]) -> BatchFuture<'a, R> + Sync),
 ) -> Vec<Result<R, DbError>> {
     let all_unavailable = |error: &DbError| -> Vec<Result<R, DbError>> {
         items
@@ -180,15 +176,16 @@ pub type DbBatcher<T, R> = Batcher<T, Result<R, DbError>>;
 
 /// Starts a [`DbBatcher`] whose `workers` each run `batch` (through [`run_batch`]) over up to
 /// `max_batch` items at a time, on connections from `pool`.
-pub fn batcher<T, R>(
+pub fn batcher<T, R, F>(
     pool: &DbPool,
     max_batch: usize,
     workers: usize,
-    batch: impl BatchFn<T, R>,
+    batch: F,
 ) -> DbBatcher<T, R>
 where
     T: Send + Sync + 'static,
     R: Send + 'static,
+    F: for<'a> Fn(&'a mut AsyncPgConnection, &'a [T]) -> BatchFuture<'a, R> + Send + Sync + 'static,
 {
     let pool = pool.clone();
     let batch = std::sync::Arc::new(batch);
@@ -219,9 +216,30 @@ pub struct Cursor {
 }
 
 impl Cursor {
+    pub fn new(at: OffsetDateTime, id: Uuid) -> Cursor {
+        Cursor { at, id }
+    }
+
     /// The opaque text handed to clients.
     pub fn encode(&self) -> String {
         URL_SAFE_NO_PAD.encode(format!("{}:{}", self.at.unix_timestamp_nanos(), self.id))
+    }
+
+    /// The rows that come after this cursor in a newest-first list, `(created_at, id) < (at, id)`:
+    /// every listed table names its columns so, and its `(created_at DESC, id DESC)` index
+    /// answers the comparison.
+    pub(crate) fn before<QS>(
+        &self,
+    ) -> Box<dyn diesel::BoxableExpression<QS, diesel::pg::Pg, SqlType = diesel::sql_types::Bool>>
+    {
+        use diesel::sql_types::{Timestamptz, Uuid as SqlUuid};
+        Box::new(
+            diesel::dsl::sql::<diesel::sql_types::Bool>("(created_at, id) < (")
+                .bind::<Timestamptz, _>(self.at)
+                .sql(", ")
+                .bind::<SqlUuid, _>(self.id)
+                .sql(")"),
+        )
     }
 
     /// Reads a cursor given back by a client; `None` if it is not one of ours.
@@ -233,6 +251,11 @@ impl Cursor {
             id: id.parse().ok()?,
         })
     }
+}
+
+/// A record listed newest first, by creation time and then id.
+pub trait Listed {
+    fn cursor(&self) -> Cursor;
 }
 
 /// A page request: how many items and where to continue.
@@ -260,6 +283,19 @@ impl Page {
         } else {
             (items, None)
         }
+    }
+
+    /// The records of `limit + 1` fetched rows, split into the page and the cursor of the next.
+    pub(crate) fn finish<Row, T>(&self, rows: Vec<Row>) -> Result<(Vec<T>, Option<Cursor>), DbError>
+    where
+        T: TryFrom<Row> + Listed,
+        DbError: From<T::Error>,
+    {
+        let items = rows
+            .into_iter()
+            .map(T::try_from)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(self.split(items, T::cursor))
     }
 }
 
@@ -381,7 +417,12 @@ mod tests {
             ("stop.sql", include_str!("sql/stop.sql")),
             ("take_waiting.sql", include_str!("sql/take_waiting.sql")),
             ("deliveries.rs", include_str!("deliveries.rs")),
-            ("retention.rs", include_str!("retention.rs")),
+            (
+                "prune_deliveries.sql",
+                include_str!("sql/prune_deliveries.sql"),
+            ),
+            ("prune_events.sql", include_str!("sql/prune_events.sql")),
+            ("prune_outbox.sql", include_str!("sql/prune_outbox.sql")),
         ];
         let mut states = 0;
         for (file, source) in statements {

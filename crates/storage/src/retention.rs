@@ -2,7 +2,8 @@
 //! more and published outbox rows are
 //! deleted once older than the retention period; webhook outcome buckets once older than the
 //! 24 hours the success rates read. Deletes run in small batches, each its own
-//! short statement that skips locked rows, so the hot tables are never locked for long.
+//! short statement that skips locked rows, so the hot tables are never locked for long. The
+//! statements are `sql/prune_*.sql`.
 
 use diesel::sql_types::{BigInt, Timestamptz};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
@@ -31,44 +32,16 @@ pub async fn prune(
     outbox_cutoff: OffsetDateTime,
 ) -> Result<Pruned, DbError> {
     // Attempts go with their delivery (ON DELETE CASCADE).
-    let deliveries = batches(
-        conn,
-        cutoff,
-        "DELETE FROM deliveries WHERE id IN (
-            SELECT id FROM deliveries
-            WHERE state IN ('succeeded', 'failed') AND updated_at < $1
-            LIMIT $2 FOR UPDATE SKIP LOCKED)",
-    )
-    .await?;
-    let events = batches(
-        conn,
-        cutoff,
-        "DELETE FROM events WHERE id IN (
-            SELECT e.id FROM events e
-            WHERE e.occurred_at < $1
-              AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.id)
-              AND NOT EXISTS (
-                  SELECT 1 FROM outbox o
-                  WHERE o.published_at IS NULL AND o.topic = 'event'
-                    AND convert_from(o.payload, 'UTF8')::jsonb ->> 'event_id' = e.id::text)
-            LIMIT $2 FOR UPDATE SKIP LOCKED)",
-    )
-    .await?;
-    let outbox = batches(
-        conn,
-        outbox_cutoff,
-        "DELETE FROM outbox WHERE id IN (
-            SELECT id FROM outbox
-            WHERE published_at IS NOT NULL AND published_at < $1
-            LIMIT $2 FOR UPDATE SKIP LOCKED)",
-    )
-    .await?;
+    let deliveries = batches(conn, cutoff, include_str!("sql/prune_deliveries.sql")).await?;
+    let events = batches(conn, cutoff, include_str!("sql/prune_events.sql")).await?;
+    let outbox = batches(conn, outbox_cutoff, include_str!("sql/prune_outbox.sql")).await?;
+    // Buckets an hour older than the longest success-rate window.
+    let buckets_cutoff =
+        OffsetDateTime::now_utc() - crate::health::RATE_WINDOWS[1] - time::Duration::HOUR;
     let outcome_buckets = batches(
         conn,
-        OffsetDateTime::now_utc() - crate::health::RATE_WINDOWS[1] - time::Duration::HOUR,
-        "DELETE FROM webhook_outcomes WHERE (webhook_id, bucket) IN (
-            SELECT webhook_id, bucket FROM webhook_outcomes WHERE bucket < $1
-            LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        buckets_cutoff,
+        include_str!("sql/prune_outcome_buckets.sql"),
     )
     .await?;
     Ok(Pruned {

@@ -7,7 +7,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::schema::inbound_tokens;
-use crate::{Cursor, DbError, Page};
+use crate::{Cursor, DbError, Listed, Page};
 use tocsin_domain::AccessToken;
 
 /// A token's record; the token itself is never stored.
@@ -27,6 +27,12 @@ pub struct InboundToken {
     pub last_used_at: Option<OffsetDateTime>,
     #[serde(with = "time::serde::rfc3339::option")]
     pub revoked_at: Option<OffsetDateTime>,
+}
+
+impl Listed for InboundToken {
+    fn cursor(&self) -> Cursor {
+        Cursor::new(self.created_at, self.id)
+    }
 }
 
 /// Issues a token. The returned [`AccessToken`] is the only copy of it.
@@ -115,19 +121,10 @@ pub async fn list(
         .limit(page.limit + 1)
         .into_boxed();
     if let Some(cursor) = &page.cursor {
-        query = query.filter(
-            inbound_tokens::created_at
-                .lt(cursor.at)
-                .or(inbound_tokens::created_at
-                    .eq(cursor.at)
-                    .and(inbound_tokens::id.lt(cursor.id))),
-        );
+        query = query.filter(cursor.before());
     }
-    let items = query.load(conn).await?;
-    Ok(page.split(items, |t: &InboundToken| Cursor {
-        at: t.created_at,
-        id: t.id,
-    }))
+    let rows: Vec<InboundToken> = query.load(conn).await?;
+    page.finish(rows)
 }
 
 /// Revokes a token; the next request with it is refused.

@@ -9,7 +9,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::schema::{deliveries, webhook_health, webhook_rate_budgets, webhooks};
-use crate::{Cursor, DbError, Page};
+use crate::{found, Cursor, DbError, Listed, Page};
 use tocsin_domain::delivery::DeliveryState;
 use tocsin_domain::{
     EventKind, RateLimit, RetrySettings, TargetUrl, WebhookFilters, WebhookHeaders, WebhookName,
@@ -75,6 +75,12 @@ pub struct Webhook {
     pub disabled_reason: Option<String>,
     #[serde(with = "time::serde::rfc3339::option")]
     pub disabled_at: Option<OffsetDateTime>,
+}
+
+impl Listed for Webhook {
+    fn cursor(&self) -> Cursor {
+        Cursor::new(self.created_at, self.id)
+    }
 }
 
 impl Webhook {
@@ -211,14 +217,8 @@ async fn insert(conn: &mut AsyncPgConnection, new: &NewWebhook) -> Result<Webhoo
 
 /// A webhook, deleted or not.
 pub async fn get_any(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Webhook, DbError> {
-    webhooks::table
-        .find(id)
-        .select(WebhookRow::as_select())
-        .first(conn)
-        .await
-        .optional()?
-        .ok_or(DbError::NotFound)?
-        .try_into()
+    let row = webhooks::table.find(id).select(WebhookRow::as_select());
+    found(row.first(conn).await.optional()?)
 }
 
 /// The webhooks with these ids, deleted or not, in no particular order (to name the webhooks
@@ -247,16 +247,12 @@ pub async fn get(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Webhook, DbEr
 /// A webhook that has not been deleted, its row locked until the end of the caller's
 /// transaction (to merge a partial change into the current values without losing another).
 pub async fn get_for_update(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Webhook, DbError> {
-    webhooks::table
+    let row = webhooks::table
         .find(id)
         .filter(webhooks::deleted_at.is_null())
         .for_update()
-        .select(WebhookRow::as_select())
-        .first(conn)
-        .await
-        .optional()?
-        .ok_or(DbError::NotFound)?
-        .try_into()
+        .select(WebhookRow::as_select());
+    found(row.first(conn).await.optional()?)
 }
 
 /// Webhooks that have not been deleted, newest first.
@@ -271,21 +267,10 @@ pub async fn list(
         .limit(page.limit + 1)
         .into_boxed();
     if let Some(cursor) = &page.cursor {
-        query = query.filter(
-            webhooks::created_at.lt(cursor.at).or(webhooks::created_at
-                .eq(cursor.at)
-                .and(webhooks::id.lt(cursor.id))),
-        );
+        query = query.filter(cursor.before());
     }
     let rows: Vec<WebhookRow> = query.load(conn).await?;
-    let items = rows
-        .into_iter()
-        .map(Webhook::try_from)
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(page.split(items, |w| Cursor {
-        at: w.created_at,
-        id: w.id,
-    }))
+    page.finish(rows)
 }
 
 /// A validated partial change; `None` leaves a field as it is.
