@@ -448,12 +448,17 @@ def check_promql(where, expr):
             error(where, f"metric {name!r} is not exported by Tocsin: {expr}")
 
 
+def load(path, parse, failures):
+    """The file at path as parse reads it, or None once error() has said why it could not be read."""
+    try:
+        return parse(pathlib.Path(path).read_text())
+    except failures as problem:
+        error(path, str(problem))
+        return None
+
+
 DURATION = re.compile(r"^((\d+)(ms|s|m|h|d|w|y))+$")
-try:
-    rules_doc = yaml.safe_load(pathlib.Path("deploy/prometheus/alerts.yml").read_text())
-except (OSError, yaml.YAMLError) as problem:
-    error("deploy/prometheus/alerts.yml", str(problem))
-    rules_doc = None
+rules_doc = load("deploy/prometheus/alerts.yml", yaml.safe_load, (OSError, yaml.YAMLError))
 if rules_doc is not None:
     seen = set()
     rules = 0
@@ -489,11 +494,7 @@ if rules_doc is not None:
             check_promql(where, rule["expr"])
     print(f"deploy/prometheus/alerts.yml: {rules} rules")
 
-try:
-    dashboard = json.loads(pathlib.Path("deploy/grafana/tocsin-dashboard.json").read_text())
-except (OSError, ValueError) as problem:
-    error("deploy/grafana/tocsin-dashboard.json", str(problem))
-    dashboard = None
+dashboard = load("deploy/grafana/tocsin-dashboard.json", json.loads, (OSError, ValueError))
 if dashboard is not None:
     def all_panels(panels):
         for panel in panels:
@@ -518,11 +519,7 @@ if dashboard is not None:
     print(f"deploy/grafana/tocsin-dashboard.json: {len(ids)} panels, {queries} queries")
 
 # ---------------------------------------------------------------- 6: RabbitMQ definitions
-try:
-    defs = json.loads(pathlib.Path("deploy/rabbitmq/definitions.json").read_text())
-except (OSError, ValueError) as problem:
-    error("deploy/rabbitmq/definitions.json", str(problem))
-    defs = None
+defs = load("deploy/rabbitmq/definitions.json", json.loads, (OSError, ValueError))
 if defs is not None:
     where = "definitions.json"
     users = {u["name"] for u in defs.get("users", [])}

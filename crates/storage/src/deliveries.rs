@@ -12,7 +12,6 @@ use std::time::Duration;
 use diesel::prelude::*;
 use diesel::sql_types::{Array, BigInt, Int4, Int8, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -42,7 +41,7 @@ pub(crate) struct DeliveryRow {
 }
 
 /// A delivery of one event to one webhook.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
     pub id: Uuid,
     pub webhook_id: Uuid,
@@ -53,13 +52,9 @@ pub struct Delivery {
     /// Why it is `waiting`; `None` in any other state.
     pub wait_reason: Option<WaitReason>,
     pub attempt_count: i32,
-    #[serde(skip)]
     pub auto_attempts: i32,
-    #[serde(with = "time::serde::rfc3339::option")]
     pub next_attempt_at: Option<OffsetDateTime>,
-    #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,
 }
 
@@ -326,11 +321,10 @@ pub async fn list(
 
 /// One logged attempt. An attempt is logged when it is claimed, before its request is sent,
 /// and its outcome is filled in once known.
-#[derive(Debug, Clone, Serialize, Queryable)]
+#[derive(Debug, Clone, Queryable)]
 pub struct Attempt {
     pub number: i32,
     pub trigger: String,
-    #[serde(with = "time::serde::rfc3339")]
     pub started_at: OffsetDateTime,
     /// `None` while the attempt is under way.
     pub success: Option<bool>,

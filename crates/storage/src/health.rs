@@ -10,7 +10,6 @@ use std::time::Duration;
 use diesel::sql_types::{BigInt, Double, Int4, Nullable, Text, Timestamptz};
 use diesel::QueryableByName;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -115,16 +114,14 @@ pub async fn record(
 
 /// A webhook's health. Interrupted attempts (their dispatcher stopped) are not the target's
 /// doing and do not count.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, QueryableByName)]
+#[derive(Debug, Clone, Default, PartialEq, QueryableByName)]
 pub struct WebhookHealth {
     /// Failed attempts since the last successful one.
     #[diesel(sql_type = Int4)]
     pub consecutive_failures: i32,
     #[diesel(sql_type = Nullable<Timestamptz>)]
-    #[serde(with = "time::serde::rfc3339::option")]
     pub last_success_at: Option<OffsetDateTime>,
     #[diesel(sql_type = Nullable<Timestamptz>)]
-    #[serde(with = "time::serde::rfc3339::option")]
     pub last_failure_at: Option<OffsetDateTime>,
     /// The last failure's error kind and detail (`http_status: the target answered 500`).
     #[diesel(sql_type = Nullable<Text>)]

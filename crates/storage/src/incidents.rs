@@ -36,7 +36,7 @@ struct IncidentRow {
 }
 
 /// An incident as stored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Incident {
     pub id: Uuid,
     pub dedup_key: String,
@@ -45,11 +45,8 @@ pub struct Incident {
     pub status: IncidentStatus,
     pub source: Option<String>,
     pub description: Option<String>,
-    #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339::option")]
     pub resolved_at: Option<OffsetDateTime>,
     /// The labels of the alert that opened it (subscription filters match them).
     pub labels: BTreeMap<String, String>,

@@ -2,7 +2,6 @@
 
 use diesel::prelude::*;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -11,21 +10,16 @@ use crate::{Cursor, DbError, Listed, Page};
 use tocsin_domain::AccessToken;
 
 /// A token's record; the token itself is never stored.
-#[derive(Debug, Clone, Serialize, Queryable, Selectable)]
+#[derive(Debug, Clone, Queryable, Selectable)]
 #[diesel(table_name = inbound_tokens)]
 pub struct InboundToken {
     pub id: Uuid,
     pub name: String,
     /// The public part of the token (`tsn_<prefix>_…`), to tell tokens apart.
-    #[serde(rename = "prefix")]
     pub lookup: String,
-    #[serde(skip)]
     pub token_hash: Vec<u8>,
-    #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339::option")]
     pub last_used_at: Option<OffsetDateTime>,
-    #[serde(with = "time::serde::rfc3339::option")]
     pub revoked_at: Option<OffsetDateTime>,
 }
 

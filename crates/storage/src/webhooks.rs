@@ -47,7 +47,7 @@ pub(crate) struct WebhookRow {
 }
 
 /// A webhook as stored. Its secrets never serialise.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Webhook {
     pub id: Uuid,
     pub name: WebhookName,
@@ -55,25 +55,18 @@ pub struct Webhook {
     pub events: BTreeSet<EventKind>,
     pub retry: RetrySettings,
     pub enabled: bool,
-    #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,
-    #[serde(skip)]
     pub deleted_at: Option<OffsetDateTime>,
-    #[serde(skip)]
     pub secret: WebhookSecret,
-    #[serde(skip)]
     pub previous_secret: Option<(WebhookSecret, OffsetDateTime)>,
     /// Which of the events it subscribes to it receives.
     pub filters: WebhookFilters,
     /// Sent with every delivery; values never serialise.
-    #[serde(skip)]
     pub headers: WebhookHeaders,
     pub rate_limit: Option<RateLimit>,
     /// Why it is disabled (an operator, or auto-disable with its figures); `None` while enabled.
     pub disabled_reason: Option<String>,
-    #[serde(with = "time::serde::rfc3339::option")]
     pub disabled_at: Option<OffsetDateTime>,
 }
 

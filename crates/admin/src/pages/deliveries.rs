@@ -12,13 +12,13 @@ use tocsin_storage::deliveries::{self as repo, DeliveryFilter, DeliveryState};
 use tocsin_storage::webhooks;
 use uuid::Uuid;
 
-use super::session::{signed_form, Session};
+use super::session::{Session, SignedForm};
 use super::templates::{
     state_label, AttemptView, DeliveriesPage, DeliveryLog, DeliveryPage, DeliveryRow,
     DeliverySummary, SelectOption, When,
 };
 use super::webhook_href;
-use super::{given, notice, query_string, redirect, render, PageError, PagesState};
+use super::{given, notice, query_string, redirect, render, PageError};
 use crate::actions;
 use crate::error::{AdminError, OrNotFound};
 use crate::params::{page, param};
@@ -299,13 +299,11 @@ fn headers(logged: &serde_json::Value) -> Vec<(String, String)> {
 /// the API's error body) to a script asking for it, else redirects back to the delivery.
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn retry(
+    _: SignedForm,
     req: HttpRequest,
     id: web::Path<Uuid>,
-    payload: web::Payload,
     state: web::Data<AdminState>,
-    pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
-    signed_form(&req, payload, &pages).await?;
     let wants_json = req
         .headers()
         .get(ACCEPT)

@@ -2,15 +2,15 @@
 //! emit events to the subscribed webhooks, as the API's status change does).
 
 use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use tocsin_domain::IncidentStatus;
 use tocsin_storage::incidents::{self as repo, IncidentFilter};
 use uuid::Uuid;
 
-use super::session::{signed_form, Session};
+use super::session::{Session, SignedForm};
 use super::templates::{IncidentRow, IncidentsPage, SelectOption, When};
-use super::{given, notice, query_string, redirect, render, PageError, PagesState};
+use super::{given, notice, query_string, redirect, render, PageError};
 use crate::actions;
 use crate::error::AdminError;
 use crate::params::{page, param};
@@ -83,13 +83,11 @@ pub async fn list(
 /// `resolved`, ...), then back to the list.
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn change_status(
-    req: HttpRequest,
+    signed: SignedForm,
     id: web::Path<Uuid>,
-    payload: web::Payload,
     state: web::Data<AdminState>,
-    pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
-    let (_, form) = signed_form(&req, payload, &pages).await?;
+    let form = signed.form;
     let to = form
         .get("status")
         .unwrap_or_default()

@@ -123,8 +123,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                     .default_service(web::to(method_not_allowed)),
             )
             .service(post("/webhooks/{id}/delete").route(web::post().to(webhooks::delete)))
-            .service(post("/webhooks/{id}/enable").route(web::post().to(webhooks::enable)))
-            .service(post("/webhooks/{id}/disable").route(web::post().to(webhooks::disable)))
+            .service(
+                post("/webhooks/{id}/{switch:enable|disable}")
+                    .route(web::post().to(webhooks::set_enabled)),
+            )
             .service(
                 post("/webhooks/{id}/rotate-secret").route(web::post().to(webhooks::rotate_secret)),
             )

@@ -19,6 +19,7 @@ use actix_web::http::{header, StatusCode};
 use actix_web::{web, FromRequest, HttpRequest, HttpResponse};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
+use futures::future::LocalBoxFuture;
 use ring::hmac;
 use time::OffsetDateTime;
 
@@ -142,14 +143,36 @@ impl FromRequest for Session {
     }
 }
 
-/// Reads the form of a POST from a signed-in session: refuses (403) a foreign `Origin` or a
-/// missing or wrong CSRF token; sends a signed-out request to the sign-in page.
+/// The form of a POST from a signed-in session. Extracting it refuses (403) a foreign `Origin`
+/// or a missing or wrong CSRF token, and sends a signed-out request to the sign-in page.
+pub struct SignedForm {
+    pub session: Session,
+    pub form: Form,
+}
+
+impl FromRequest for SignedForm {
+    type Error = PageError;
+    type Future = LocalBoxFuture<'static, Result<SignedForm, PageError>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let req = req.clone();
+        let payload = web::Payload::from_request(&req, payload).into_inner();
+        Box::pin(async move {
+            let pages = req
+                .app_data::<web::Data<PagesState>>()
+                .ok_or_else(|| PageError::Internal("the pages are not configured".into()))?;
+            let payload = payload.map_err(|e| PageError::Internal(e.to_string()))?;
+            signed_form(&req, payload, pages).await
+        })
+    }
+}
+
 #[tracing::instrument(skip_all)]
-pub async fn signed_form(
+async fn signed_form(
     req: &HttpRequest,
     payload: web::Payload,
     pages: &PagesState,
-) -> Result<(Session, Form), PageError> {
+) -> Result<SignedForm, PageError> {
     check_origin(req)?;
     let session = Session::of(req, &pages.keys).ok_or(PageError::SignIn)?;
     let form = Form::read(req, payload, pages.body_limit).await?;
@@ -160,7 +183,7 @@ pub async fn signed_form(
              wrong). Reload the page and try again.",
         ));
     }
-    Ok((session, form))
+    Ok(SignedForm { session, form })
 }
 
 /// Refuses a request whose `Origin` header is present and names another host than the one
@@ -245,11 +268,10 @@ pub async fn sign_in(
 /// `POST /settings/sign-out`: removes the session cookie.
 #[tracing::instrument(skip_all)]
 pub async fn sign_out(
-    req: HttpRequest,
-    payload: web::Payload,
+    signed: Result<SignedForm, PageError>,
     pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
-    match signed_form(&req, payload, &pages).await {
+    match signed {
         Ok(_) | Err(PageError::SignIn) => {}
         Err(other) => return Err(other),
     }

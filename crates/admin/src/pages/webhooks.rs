@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use time::format_description::well_known::Rfc3339;
 use time::macros::format_description;
@@ -17,7 +17,7 @@ use tocsin_storage::webhooks::{self as repo, Webhook};
 use uuid::Uuid;
 
 use super::deliveries::{delivery_log, LogQuery};
-use super::session::{signed_form, Session};
+use super::session::{Session, SignedForm};
 use super::templates::{
     event_description, schedule_steps, schedule_text, state_label, ConfirmDeletePage, EventOption,
     FormErrors, HealthView, LastDelivery, SecretPage, WebhookFormPage, WebhookFormValues,
@@ -294,12 +294,11 @@ fn form_errors(refused: Vec<FieldError>, validation: Option<FieldErrors>) -> For
 /// form again (422) with each refused field's error beside it.
 #[tracing::instrument(skip_all)]
 pub async fn create(
-    req: HttpRequest,
-    payload: web::Payload,
+    signed: SignedForm,
     state: web::Data<AdminState>,
     pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
-    let (session, form) = signed_form(&req, payload, &pages).await?;
+    let SignedForm { session, form } = signed;
     let (values, mut refused) = read_webhook_form(&form);
     let fields = SubscriptionFields::read(&values, &mut refused);
     let input = WebhookInput {
@@ -522,13 +521,12 @@ fn lines<K: AsRef<str>, V: AsRef<str>>(
 /// `POST /settings/webhooks/{id}/edit`: saves the change, or shows the form again (422).
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn update(
-    req: HttpRequest,
+    signed: SignedForm,
     id: web::Path<Uuid>,
-    payload: web::Payload,
     state: web::Data<AdminState>,
     pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
-    let (session, form) = signed_form(&req, payload, &pages).await?;
+    let SignedForm { session, form } = signed;
     let (values, mut refused) = read_webhook_form(&form);
     let fields = SubscriptionFields::read(&values, &mut refused);
     let mut conn = state.conn().await?;
@@ -567,40 +565,24 @@ pub async fn update(
     )))
 }
 
-/// `POST /settings/webhooks/{id}/enable`.
-#[tracing::instrument(skip_all, fields(id = %id))]
-pub async fn enable(
-    req: HttpRequest,
-    id: web::Path<Uuid>,
-    payload: web::Payload,
-    state: web::Data<AdminState>,
-    pages: web::Data<PagesState>,
-) -> Result<HttpResponse, PageError> {
-    set_enabled(req, *id, payload, state, pages, true).await
+/// Which way `POST /settings/webhooks/{id}/{switch}` turns the webhook.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Switch {
+    Enable,
+    /// Also stops its unfinished deliveries.
+    Disable,
 }
 
-/// `POST /settings/webhooks/{id}/disable`: also stops its unfinished deliveries.
-#[tracing::instrument(skip_all, fields(id = %id))]
-pub async fn disable(
-    req: HttpRequest,
-    id: web::Path<Uuid>,
-    payload: web::Payload,
+/// `POST /settings/webhooks/{id}/enable` and `.../disable`.
+#[tracing::instrument(skip_all, fields(id = %path.0, switch = ?path.1))]
+pub async fn set_enabled(
+    _: SignedForm,
+    path: web::Path<(Uuid, Switch)>,
     state: web::Data<AdminState>,
-    pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
-    set_enabled(req, *id, payload, state, pages, false).await
-}
-
-#[tracing::instrument(skip_all, fields(id = %id))]
-async fn set_enabled(
-    req: HttpRequest,
-    id: Uuid,
-    payload: web::Payload,
-    state: web::Data<AdminState>,
-    pages: web::Data<PagesState>,
-    enabled: bool,
-) -> Result<HttpResponse, PageError> {
-    signed_form(&req, payload, &pages).await?;
+    let (id, switch) = *path;
+    let enabled = matches!(switch, Switch::Enable);
     let patch = validation::webhook_patch(&WebhookInput {
         enabled: Some(enabled),
         ..WebhookInput::default()
@@ -614,13 +596,11 @@ async fn set_enabled(
 /// `POST /settings/webhooks/{id}/rotate-secret`: shows the new secret once.
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn rotate_secret(
-    req: HttpRequest,
+    signed: SignedForm,
     id: web::Path<Uuid>,
-    payload: web::Payload,
     state: web::Data<AdminState>,
-    pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
-    let (session, _) = signed_form(&req, payload, &pages).await?;
+    let session = signed.session;
     let webhook = actions::rotate_secret(&state, *id).await?;
     render(
         StatusCode::OK,
@@ -638,13 +618,10 @@ pub async fn rotate_secret(
 /// `POST /settings/webhooks/{id}/test`: sends a sample `incidents.opened` event to it.
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn send_test_event(
-    req: HttpRequest,
+    _: SignedForm,
     id: web::Path<Uuid>,
-    payload: web::Payload,
     state: web::Data<AdminState>,
-    pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
-    signed_form(&req, payload, &pages).await?;
     actions::send_test_event(&state, *id).await?;
     Ok(redirect(&format!("{}?notice=test", webhook_href(*id))))
 }
@@ -653,13 +630,11 @@ pub async fn send_test_event(
 /// failed deliveries get a manual attempt, those waiting because it was disabled are made due.
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn recover(
-    req: HttpRequest,
+    signed: SignedForm,
     id: web::Path<Uuid>,
-    payload: web::Payload,
     state: web::Data<AdminState>,
-    pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
-    let (_, form) = signed_form(&req, payload, &pages).await?;
+    let form = signed.form;
     let since = parse_since(form.get("since").unwrap_or_default())
         .map_err(|message| AdminError::invalid("since", message))?;
     let (retried, sent_waiting) = actions::recover(&state, *id, since).await?;
@@ -689,13 +664,11 @@ fn parse_since(text: &str) -> Result<OffsetDateTime, &'static str> {
 /// given (the page's script asks in a dialog), then deletes.
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn delete(
-    req: HttpRequest,
+    signed: SignedForm,
     id: web::Path<Uuid>,
-    payload: web::Payload,
     state: web::Data<AdminState>,
-    pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
-    let (session, form) = signed_form(&req, payload, &pages).await?;
+    let SignedForm { session, form } = signed;
     if form.get("confirmed") != Some("yes") {
         let mut conn = state.conn().await?;
         let webhook = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
