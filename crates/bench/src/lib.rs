@@ -205,9 +205,17 @@ impl Report {
 }
 
 /// Which receiver paths a phase measures and how many webhooks point at them.
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Measure<'a> {
     class: &'a str,
     webhooks: usize,
+}
+
+impl<'a> Measure<'a> {
+    /// The `webhooks` pointing at the receiver paths of `class` (`ok`, `fail`, `hang`).
+    pub(crate) fn new(class: &'a str, webhooks: usize) -> Self {
+        Measure { class, webhooks }
+    }
 }
 
 impl Bench {

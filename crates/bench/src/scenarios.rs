@@ -44,14 +44,7 @@ pub async fn e2e(bench: &Arc<Bench>, config: LoadConfig) -> anyhow::Result<Repor
         bench.create_webhook("/ok/0", 5, 10_000).await?;
         let sampler = Sampler::start();
         let phase = bench
-            .phase(
-                "e2e",
-                config,
-                Some(Measure {
-                    class: "ok",
-                    webhooks: 1,
-                }),
-            )
+            .phase("e2e", config, Some(Measure::new("ok", 1)))
             .await;
         report.phases.push(phase);
         report.finish_processes(sampler.finish(delivered(&report)).await);
@@ -84,10 +77,7 @@ pub async fn latency(bench: &Arc<Bench>, config: LatencyConfig) -> anyhow::Resul
                         alerts,
                         load: Load::Open { rate: *rate },
                     },
-                    Some(Measure {
-                        class: "ok",
-                        webhooks: 1,
-                    }),
+                    Some(Measure::new("ok", 1)),
                 )
                 .await;
             report.phases.push(phase);
@@ -121,10 +111,7 @@ pub async fn fanout(bench: &Arc<Bench>, config: FanoutConfig) -> anyhow::Result<
                     alerts: config.alerts.max(1),
                     load: Load::Closed { concurrency: 1 },
                 },
-                Some(Measure {
-                    class: "ok",
-                    webhooks: config.webhooks,
-                }),
+                Some(Measure::new("ok", config.webhooks)),
             )
             .await;
         if let Some(latency) = &phase.latency_ms {
@@ -171,26 +158,15 @@ pub async fn slow_target(bench: &Arc<Bench>, config: SlowTargetConfig) -> anyhow
             alerts: (config.load.alerts / 4).min(1_000),
             ..config.load
         };
-        let healthy = Measure {
-            class: "ok",
-            webhooks: 1,
-        };
+        let healthy = Measure::new("ok", 1);
         bench.phase("warm-up", warm_up, Some(healthy)).await;
         let sampler = Sampler::start();
-        let healthy = Measure {
-            class: "ok",
-            webhooks: 1,
-        };
         let alone = bench
             .phase("healthy alone", config.load, Some(healthy))
             .await;
         bench
             .create_webhook("/hang/0", 1, config.slow_timeout_ms)
             .await?;
-        let healthy = Measure {
-            class: "ok",
-            webhooks: 1,
-        };
         let beside = bench
             .phase("healthy beside a hanging one", config.load, Some(healthy))
             .await;
@@ -251,10 +227,7 @@ pub async fn backlog(bench: &Arc<Bench>, config: BacklogConfig) -> anyhow::Resul
             .phase(
                 "first attempts to a failing target",
                 config.load,
-                Some(Measure {
-                    class: "fail",
-                    webhooks: 1,
-                }),
+                Some(Measure::new("fail", 1)),
             )
             .await;
         // Hold the backlog while the sampler keeps reading RSS.
