@@ -7,6 +7,24 @@ use tocsin_storage::{Cursor, Page};
 
 use crate::error::AdminError;
 
+/// The query of a list with no filters: its page.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PageQuery {
+    /// Items per page, 1 to 200 (default 50).
+    #[param(value_type = Option<u8>, minimum = 1, maximum = 200)]
+    pub limit: Option<String>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+impl PageQuery {
+    pub fn page(&self) -> Result<Page, AdminError> {
+        page(self.limit.as_deref(), self.cursor.as_deref())
+    }
+}
+
 /// Reads `limit` (1 to 200, default 50) and `cursor` (as handed out in `next_cursor`).
 pub fn page(limit: Option<&str>, cursor: Option<&str>) -> Result<Page, AdminError> {
     let limit = match limit {

@@ -10,6 +10,7 @@ mod deliveries;
 mod incidents;
 pub mod session;
 mod templates;
+mod webhook_form;
 mod webhooks;
 
 use actix_web::http::header::{self, HeaderValue};

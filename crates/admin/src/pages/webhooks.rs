@@ -2,7 +2,7 @@
 //! delivery log, and its actions (enable, disable, rotate the secret, test event, recover,
 //! delete).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
@@ -10,7 +10,7 @@ use serde::Deserialize;
 use time::format_description::well_known::Rfc3339;
 use time::macros::format_description;
 use time::{OffsetDateTime, PrimitiveDateTime};
-use tocsin_domain::{EventKind, InvalidRetry, RetrySettings, Severity, WebhookFilters};
+use tocsin_domain::WebhookFilters;
 use tocsin_storage::deliveries::{self, DeliveryFilter};
 use tocsin_storage::health;
 use tocsin_storage::webhooks::{self as repo, Webhook};
@@ -19,18 +19,16 @@ use uuid::Uuid;
 use super::deliveries::{delivery_log, LogQuery};
 use super::session::{Session, SignedForm};
 use super::templates::{
-    event_description, schedule_steps, schedule_text, state_label, ConfirmDeletePage, EventOption,
-    FormErrors, HealthView, LastDelivery, SecretPage, WebhookFormPage, WebhookFormValues,
-    WebhookListPage, WebhookPage, WebhookRow, WebhookView, When,
+    schedule_text, state_label, ConfirmDeletePage, FormErrors, HealthView, LastDelivery,
+    SecretPage, WebhookListPage, WebhookPage, WebhookRow, WebhookView, When,
 };
-use super::{
-    given, notice, query_string, redirect, render, webhook_href, Form, PageError, PagesState,
-};
+use super::webhook_form::{edit_values, form_page, new_values, FormKind, Submitted};
+use super::{given, notice, query_string, redirect, render, webhook_href, PageError, PagesState};
 use crate::actions;
 use crate::error::{AdminError, OrNotFound};
 use crate::params::page;
 use crate::state::AdminState;
-use crate::validation::{self, FieldError, FieldErrors, FiltersInput, WebhookInput};
+use crate::validation::{self, WebhookInput};
 
 /// Paging and the notice of a redirect.
 #[derive(Debug, Deserialize)]
@@ -96,198 +94,14 @@ pub async fn new_form(
     session: Session,
     pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
-    let defaults = RetrySettings::default();
-    let values = WebhookFormValues {
-        max_attempts: defaults.max_attempts().to_string(),
-        timeout_ms: defaults.timeout_ms().to_string(),
-        ..WebhookFormValues::default()
-    };
-    render(
-        StatusCode::OK,
-        &form_page(
-            &session,
-            &pages,
-            FormKind::Create,
-            values,
-            FormErrors::default(),
-        ),
-    )
-}
-
-/// Which form: a new webhook, or a change of one.
-enum FormKind {
-    Create,
-    Edit { id: Uuid, name: String },
-}
-
-fn form_page(
-    session: &Session,
-    pages: &PagesState,
-    kind: FormKind,
-    values: WebhookFormValues,
-    errors: FormErrors,
-) -> WebhookFormPage {
-    let max_attempts = values
-        .max_attempts
-        .trim()
-        .parse::<u8>()
-        .unwrap_or(RetrySettings::MAX_ATTEMPTS);
-    let event_options = EventKind::ALL
-        .iter()
-        .enumerate()
-        .map(|(i, kind)| EventOption {
-            id: format!("event-{i}"),
-            value: kind.as_str(),
-            description: event_description(*kind),
-            checked: values.events.iter().any(|e| e == kind.as_str()),
-        })
-        .collect();
-    let severity_options = Severity::ALL
-        .iter()
-        .enumerate()
-        .map(|(i, sev)| {
-            (
-                format!("severity-{i}"),
-                sev.as_str(),
-                values.severities.iter().any(|s| s == sev.as_str()),
-            )
-        })
-        .collect();
-    let (heading, breadcrumb, action, submit_label, cancel_href) = match kind {
-        FormKind::Create => (
-            "Create outbound webhook".to_owned(),
-            None,
-            "/settings/webhooks/new".to_owned(),
-            "Create webhook",
-            "/settings/".to_owned(),
-        ),
-        FormKind::Edit { id, name } => (
-            format!("Edit {name}"),
-            Some((name, webhook_href(id))),
-            format!("/settings/webhooks/{id}/edit"),
-            "Save changes",
-            webhook_href(id),
-        ),
-    };
-    WebhookFormPage {
-        layout: session.layout("webhooks"),
-        heading,
-        breadcrumb,
-        action,
-        submit_label,
-        cancel_href,
-        values,
-        errors,
-        event_options,
-        severity_options,
-        schedule_steps: schedule_steps(&pages.schedule).join("|"),
-        schedule_text: schedule_text(&pages.schedule, max_attempts),
-        max_attempts_limit: RetrySettings::MAX_ATTEMPTS,
-    }
-}
-
-/// The form's fields as typed, and the refusals of fields that are not even numbers or
-/// `key=value` lines (the rest is `crate::validation`'s to judge).
-fn read_webhook_form(form: &Form) -> (WebhookFormValues, Vec<FieldError>) {
-    let values = WebhookFormValues {
-        name: form.get("name").unwrap_or_default().to_owned(),
-        url: form.get("url").unwrap_or_default().to_owned(),
-        events: form.all("events"),
-        max_attempts: form.get("max_attempts").unwrap_or_default().to_owned(),
-        timeout_ms: form.get("timeout_ms").unwrap_or_default().to_owned(),
-        severities: form.all("severities"),
-        sources: form.get("sources").unwrap_or_default().to_owned(),
-        labels: form.get("labels").unwrap_or_default().to_owned(),
-        headers: form.get("headers").unwrap_or_default().to_owned(),
-        rate_limit: form.get("rate_limit").unwrap_or_default().to_owned(),
-    };
-    let mut refused = Vec::new();
-    for (text, error) in [
-        (&values.max_attempts, InvalidRetry::MaxAttempts),
-        (&values.timeout_ms, InvalidRetry::Timeout),
-    ] {
-        let text = text.trim();
-        if !text.is_empty() && text.parse::<i64>().is_err() {
-            refused.push(FieldError::new(error.field(), error));
-        }
-    }
-    let rate = values.rate_limit.trim();
-    if !rate.is_empty() && rate.parse::<i64>().is_err() {
-        refused.push(FieldError::new(
-            "rate_limit_per_second",
-            "must be a whole number from 1 to 10000, or empty for no limit",
-        ));
-    }
-    (values, refused)
-}
-
-/// What the form's subscription fields say, as the API takes them.
-struct SubscriptionFields {
-    severities: Vec<String>,
-    sources: Vec<String>,
-    labels: BTreeMap<String, String>,
-    headers: BTreeMap<String, String>,
-    rate_limit: Option<i64>,
-}
-
-impl SubscriptionFields {
-    /// Reads them, refusing lines that are not `key=value` (labels) or `Name: value`
-    /// (headers).
-    fn read(values: &WebhookFormValues, refused: &mut Vec<FieldError>) -> Self {
-        let pairs = |text: &str, separator: char, field: &str, refused: &mut Vec<FieldError>| {
-            let mut map = BTreeMap::new();
-            for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-                match line.split_once(separator) {
-                    Some((key, value)) => {
-                        map.insert(key.trim().to_owned(), value.trim().to_owned());
-                    }
-                    // The line is not echoed: a header's may hold its secret value.
-                    None => refused.push(FieldError::new(
-                        field,
-                        format!("each line must be name{separator}value"),
-                    )),
-                }
-            }
-            map
-        };
-        SubscriptionFields {
-            severities: values.severities.clone(),
-            sources: values
-                .sources
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect(),
-            labels: pairs(&values.labels, '=', "filters.labels", refused),
-            headers: pairs(&values.headers, ':', "headers", refused),
-            rate_limit: number(&values.rate_limit),
-        }
-    }
-
-    /// The filters: an empty field is a filter left out.
-    fn filters(&self) -> FiltersInput<'_> {
-        FiltersInput {
-            severities: (!self.severities.is_empty()).then_some(self.severities.as_slice()),
-            sources: (!self.sources.is_empty()).then_some(self.sources.as_slice()),
-            labels: (!self.labels.is_empty()).then_some(&self.labels),
-        }
-    }
-}
-
-fn number(text: &str) -> Option<i64> {
-    text.trim().parse().ok()
-}
-
-fn form_errors(refused: Vec<FieldError>, validation: Option<FieldErrors>) -> FormErrors {
-    let mut errors = FormErrors::default();
-    for error in refused
-        .into_iter()
-        .chain(validation.into_iter().flat_map(|e| e.0))
-    {
-        errors.add(&error.field, error.message);
-    }
-    errors
+    let page = form_page(
+        &session,
+        &pages,
+        FormKind::Create,
+        new_values(),
+        FormErrors::default(),
+    );
+    render(StatusCode::OK, &page)
 }
 
 /// `POST /settings/webhooks/new`: creates the webhook and shows its secret once, or shows the
@@ -299,29 +113,14 @@ pub async fn create(
     pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
     let SignedForm { session, form } = signed;
-    let (values, mut refused) = read_webhook_form(&form);
-    let fields = SubscriptionFields::read(&values, &mut refused);
-    let input = WebhookInput {
-        name: Some(&values.name),
-        url: Some(&values.url),
-        events: Some(&values.events),
-        max_attempts: number(&values.max_attempts),
-        timeout_ms: number(&values.timeout_ms),
-        enabled: Some(true),
-        filters: Some(fields.filters()),
-        headers: Some(&fields.headers),
-        current_headers: None,
-        rate_limit_per_second: Some(fields.rate_limit),
-    };
-    let validated = validation::new_webhook(&input);
-    let record = match validated {
-        Ok(record) if refused.is_empty() => record,
-        other => {
-            let errors = form_errors(refused, other.err());
-            return render(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &form_page(&session, &pages, FormKind::Create, values, errors),
-            );
+    let submitted = Submitted::read(&form);
+    let validated = validation::new_webhook(&submitted.input(Some(true), None));
+    let record = match submitted.checked(validated) {
+        Ok(record) => record,
+        Err(refused) => {
+            let (values, errors) = *refused;
+            let page = form_page(&session, &pages, FormKind::Create, values, errors);
+            return render(StatusCode::UNPROCESSABLE_ENTITY, &page);
         }
     };
     let webhook = actions::create_webhook(&state, &record).await?;
@@ -465,57 +264,14 @@ pub async fn edit_form(
 ) -> Result<HttpResponse, PageError> {
     let mut conn = state.conn().await?;
     let webhook = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
-    let values = WebhookFormValues {
-        name: webhook.name.as_str().to_owned(),
-        url: webhook.url.as_str().to_owned(),
-        events: webhook
-            .events
-            .iter()
-            .map(|e| e.as_str().to_owned())
-            .collect(),
-        max_attempts: webhook.retry.max_attempts().to_string(),
-        timeout_ms: webhook.retry.timeout_ms().to_string(),
-        severities: webhook
-            .filters
-            .severities
-            .iter()
-            .flatten()
-            .map(|s| s.as_str().to_owned())
-            .collect(),
-        sources: webhook
-            .filters
-            .sources
-            .iter()
-            .flatten()
-            .cloned()
-            .collect::<Vec<_>>()
-            .join(", "),
-        labels: lines(webhook.filters.labels.iter().flatten(), "="),
-        headers: lines(webhook.headers.iter(), ": "),
-        rate_limit: webhook
-            .rate_limit
-            .map(|r| r.per_second().to_string())
-            .unwrap_or_default(),
-    };
-    let kind = FormKind::Edit {
-        id: webhook.id,
-        name: webhook.name.as_str().to_owned(),
-    };
-    render(
-        StatusCode::OK,
-        &form_page(&session, &pages, kind, values, FormErrors::default()),
-    )
-}
-
-/// Pairs as the form's text areas hold them, one a line.
-fn lines<K: AsRef<str>, V: AsRef<str>>(
-    pairs: impl Iterator<Item = (K, V)>,
-    separator: &str,
-) -> String {
-    pairs
-        .map(|(k, v)| format!("{}{separator}{}", k.as_ref(), v.as_ref()))
-        .collect::<Vec<_>>()
-        .join("\n")
+    let page = form_page(
+        &session,
+        &pages,
+        FormKind::edit(&webhook),
+        edit_values(&webhook),
+        FormErrors::default(),
+    );
+    render(StatusCode::OK, &page)
 }
 
 /// `POST /settings/webhooks/{id}/edit`: saves the change, or shows the form again (422).
@@ -527,35 +283,17 @@ pub async fn update(
     pages: web::Data<PagesState>,
 ) -> Result<HttpResponse, PageError> {
     let SignedForm { session, form } = signed;
-    let (values, mut refused) = read_webhook_form(&form);
-    let fields = SubscriptionFields::read(&values, &mut refused);
+    let submitted = Submitted::read(&form);
     let mut conn = state.conn().await?;
     let current = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
     drop(conn);
-    let input = WebhookInput {
-        name: Some(&values.name),
-        url: Some(&values.url),
-        events: Some(&values.events),
-        max_attempts: number(&values.max_attempts),
-        timeout_ms: number(&values.timeout_ms),
-        enabled: None,
-        filters: Some(fields.filters()),
-        headers: Some(&fields.headers),
-        current_headers: Some(&current.headers),
-        rate_limit_per_second: Some(fields.rate_limit),
-    };
-    let patch = match validation::webhook_patch(&input) {
-        Ok(patch) if refused.is_empty() => patch,
-        other => {
-            let errors = form_errors(refused, other.err());
-            let kind = FormKind::Edit {
-                id: current.id,
-                name: current.name.as_str().to_owned(),
-            };
-            return render(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &form_page(&session, &pages, kind, values, errors),
-            );
+    let validated = validation::webhook_patch(&submitted.input(None, Some(&current.headers)));
+    let patch = match submitted.checked(validated) {
+        Ok(patch) => patch,
+        Err(refused) => {
+            let (values, errors) = *refused;
+            let page = form_page(&session, &pages, FormKind::edit(&current), values, errors);
+            return render(StatusCode::UNPROCESSABLE_ENTITY, &page);
         }
     };
     let webhook = actions::update_webhook(&state, *id, &patch).await?;
@@ -701,28 +439,5 @@ mod tests {
         );
         assert!(parse_since("yesterday").is_err());
         assert!(parse_since("").is_err());
-    }
-
-    #[test]
-    fn non_numbers_are_refused_with_the_domain_message() {
-        let form = Form::default();
-        let (_, refused) = read_webhook_form(&form);
-        assert!(refused.is_empty());
-        let errors = form_errors(
-            vec![FieldError::new(
-                "retry.max_attempts",
-                InvalidRetry::MaxAttempts,
-            )],
-            Some(FieldErrors(vec![FieldError::new(
-                "url",
-                "must have a host",
-            )])),
-        );
-        assert_eq!(
-            errors.max_attempts.as_deref(),
-            Some("max_attempts must be between 1 and 5")
-        );
-        assert_eq!(errors.url.as_deref(), Some("must have a host"));
-        assert!(errors.name.is_none());
     }
 }

@@ -3,6 +3,7 @@
 pub mod deliveries;
 pub mod incidents;
 pub mod tokens;
+mod webhook_views;
 pub mod webhooks;
 
 use actix_web::web;

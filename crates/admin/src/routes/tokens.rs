@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::error::{AdminError, OrNotFound};
-use crate::params::page;
+use crate::params::PageQuery;
 use crate::schema;
 use crate::state::AdminState;
 
@@ -73,18 +73,6 @@ pub struct NewToken {
     pub name: String,
 }
 
-/// Paging of the token list.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ListQuery {
-    /// Items per page, 1 to 200 (default 50).
-    #[param(value_type = Option<u8>, minimum = 1, maximum = 200)]
-    pub limit: Option<String>,
-    /// `next_cursor` of the previous page.
-    pub cursor: Option<String>,
-}
-
 /// A token's name: the rules of a webhook name (at most 100 characters as sent, at least 1 once
 /// trimmed, no control characters).
 pub fn parse_name(raw: &str) -> Result<String, InvalidName> {
@@ -127,7 +115,7 @@ pub async fn create(
     path = "/api/v1/tokens",
     operation_id = "listTokens",
     tag = "tokens",
-    params(ListQuery),
+    params(PageQuery),
     responses(
         (status = 200, description = "A page of tokens", body = TokenList),
         (status = 400, description = "A bad query parameter; `field` names it", body = schema::ErrorBody),
@@ -135,10 +123,10 @@ pub async fn create(
 )]
 #[tracing::instrument(skip_all)]
 pub async fn list(
-    query: web::Query<ListQuery>,
+    query: web::Query<PageQuery>,
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, AdminError> {
-    let page = page(query.limit.as_deref(), query.cursor.as_deref())?;
+    let page = query.page()?;
     let mut conn = state.conn().await?;
     let (tokens, next) = repo::list(&mut conn, &page).await?;
     Ok(HttpResponse::Ok().json(TokenList {
