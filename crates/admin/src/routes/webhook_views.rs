@@ -110,6 +110,22 @@ pub(super) async fn view(
     Ok(views(state, std::slice::from_ref(webhook)).await?.remove(0))
 }
 
+/// The health of webhook `id` (the default when it has none, or does not exist). A change
+/// reads it before it writes, and answers with it: no change of a webhook alters its health,
+/// and a failed read after the commit would answer an error for a change that was made (a
+/// client retrying a rotation would then rotate twice and drop the secret its receivers
+/// know).
+pub(super) async fn health_before_change(
+    state: &AdminState,
+    id: Uuid,
+) -> Result<WebhookHealth, AdminError> {
+    let mut conn = state.conn().await?;
+    Ok(health::for_webhooks(&mut conn, &[id])
+        .await?
+        .remove(&id)
+        .unwrap_or_default())
+}
+
 /// Which of the events it subscribes to a webhook receives. A filter left out lets every
 /// event through; each given must match: the incident's severity is listed; its alert format
 /// (`alertmanager`, `grafana`, `pagerduty`, `generic`) or source name is listed; it carries
@@ -236,16 +252,21 @@ impl WebhookWithSecret {
         state: &AdminState,
         webhook: &repo::Webhook,
     ) -> Result<Self, AdminError> {
-        Ok(Self::with_health(webhook, view(state, webhook).await?))
+        Ok(Self::with_view(webhook, view(state, webhook).await?))
     }
 
     /// A webhook just created: it has no outcomes yet, so its health is not read (a failed
     /// read would answer an error for a webhook that was created).
     pub(super) fn created(webhook: &repo::Webhook) -> Self {
-        Self::with_health(webhook, Webhook::new(webhook, Default::default()))
+        Self::new(webhook, WebhookHealth::default())
     }
 
-    fn with_health(webhook: &repo::Webhook, view: Webhook) -> Self {
+    /// A webhook with the health read before it was changed.
+    pub(super) fn new(webhook: &repo::Webhook, health: WebhookHealth) -> Self {
+        Self::with_view(webhook, Webhook::new(webhook, health))
+    }
+
+    fn with_view(webhook: &repo::Webhook, view: Webhook) -> Self {
         WebhookWithSecret {
             webhook: view,
             secret: webhook.secret.expose().to_owned(),

@@ -6,8 +6,8 @@ use tocsin_storage::webhooks as repo;
 use uuid::Uuid;
 
 use super::webhook_views::{
-    view, views, NewWebhook, Recover, Recovered, TestEventAccepted, Webhook, WebhookChange,
-    WebhookList, WebhookWithSecret,
+    health_before_change, view, views, NewWebhook, Recover, Recovered, TestEventAccepted, Webhook,
+    WebhookChange, WebhookList, WebhookWithSecret,
 };
 use crate::actions;
 use crate::error::{AdminError, OrNotFound};
@@ -127,8 +127,9 @@ pub async fn update(
         None => None,
     };
     let patch = change.validate(current.as_ref())?;
+    let health = health_before_change(&state, *id).await?;
     let webhook = actions::update_webhook(&state, *id, &patch).await?;
-    Ok(HttpResponse::Ok().json(view(&state, &webhook).await?))
+    Ok(HttpResponse::Ok().json(Webhook::new(&webhook, health)))
 }
 
 /// Deletes a webhook: it receives nothing more and its pending retries stop; its delivery log
@@ -195,8 +196,9 @@ pub async fn rotate_secret(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, AdminError> {
+    let health = health_before_change(&state, *id).await?;
     let webhook = actions::rotate_secret(&state, *id).await?;
-    Ok(HttpResponse::Ok().json(WebhookWithSecret::load(&state, &webhook).await?))
+    Ok(HttpResponse::Ok().json(WebhookWithSecret::new(&webhook, health)))
 }
 
 /// Sends a sample `incidents.opened` event (title "Tocsin test event", SEV5) to this webhook

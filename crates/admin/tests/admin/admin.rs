@@ -620,6 +620,47 @@ async fn webhooks_are_created_read_changed_and_deleted() {
 
 /// Filters, headers and a rate limit are set at creation, read back (header values masked),
 /// and changed: a masked value written back keeps the stored one, `null` removes the limit.
+/// A change reads the webhook's health before it writes it, so that when the read fails the
+/// answer is an error and nothing was changed: a client that retries a failed rotation
+/// rotates once, and the secret its receivers know stays the previous one.
+#[tokio::test]
+async fn a_change_whose_health_cannot_be_read_answers_an_error_and_changes_nothing() {
+    let admin = TestAdmin::start().await;
+    let created = admin.create_webhook("before").await;
+    let id = id_of(&created);
+    let mut conn = admin.conn().await;
+    let rename = |from: &str, to: &str| format!("ALTER TABLE {from} RENAME TO {to}");
+    diesel::sql_query(rename("webhook_outcomes", "webhook_outcomes_away"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+
+    let (status, rotated) = admin
+        .post_empty(&format!("/api/v1/webhooks/{id}/rotate-secret"))
+        .await;
+    assert!(status.is_server_error(), "{status} {rotated}");
+    let (status, changed) = admin
+        .patch(&format!("/api/v1/webhooks/{id}"), &json!({"name": "after"}))
+        .await;
+    assert!(status.is_server_error(), "{status} {changed}");
+
+    diesel::sql_query(rename("webhook_outcomes_away", "webhook_outcomes"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let (_, revealed) = admin
+        .post_empty(&format!("/api/v1/webhooks/{id}/reveal-secret"))
+        .await;
+    assert_eq!(revealed["secret"], created["secret"], "not rotated");
+    assert_eq!(revealed["previous_secret_expires_at"], Value::Null);
+    assert_eq!(revealed["name"], "before", "not renamed");
+    let (status, rotated) = admin
+        .post_empty(&format!("/api/v1/webhooks/{id}/rotate-secret"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{rotated}");
+    assert_eq!(rotated["health"]["consecutive_failures"], 0);
+}
+
 #[tokio::test]
 async fn filters_headers_and_rate_limits_are_set_read_and_changed() {
     let admin = TestAdmin::start().await;
