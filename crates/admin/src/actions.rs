@@ -107,15 +107,13 @@ pub async fn recover(
     since: OffsetDateTime,
 ) -> Result<(usize, usize), AdminError> {
     let mut conn = state.conn().await?;
-    let webhook = webhooks::get_any(&mut conn, id)
+    let (retried, sent_waiting) = store::recover(&mut conn, id, since, undeliverable)
         .await
-        .or_not_found("webhook")?;
-    ensure_deliverable(&webhook)?;
-    let (retried, sent_waiting) = store::recover(&mut conn, webhook.id, since).await?;
+        .or_not_found("webhook")??;
     if retried + sent_waiting > 0 {
         state.wake_relay();
     }
-    tracing::info!(webhook = %webhook.id, retried, sent_waiting, "deliveries recovered");
+    tracing::info!(webhook = %id, retried, sent_waiting, "deliveries recovered");
     Ok((retried, sent_waiting))
 }
 
@@ -137,15 +135,21 @@ pub async fn change_incident_status(
 
 /// 409 unless the webhook can receive deliveries (not deleted, enabled).
 pub fn ensure_deliverable(webhook: &Webhook) -> Result<(), AdminError> {
+    undeliverable(webhook).map_or(Ok(()), Err)
+}
+
+/// Why the deliveries of `webhook` cannot be retried now, if they cannot: it was deleted, or it
+/// is disabled.
+fn undeliverable(webhook: &Webhook) -> Option<AdminError> {
     if webhook.is_deleted() {
-        Err(AdminError::Conflict(
+        Some(AdminError::Conflict(
             "the webhook was deleted; its deliveries can no longer be retried".into(),
         ))
     } else if !webhook.enabled {
-        Err(AdminError::Conflict(
+        Some(AdminError::Conflict(
             "the webhook is disabled; enable it before retrying its deliveries".into(),
         ))
     } else {
-        Ok(())
+        None
     }
 }

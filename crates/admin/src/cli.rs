@@ -156,14 +156,22 @@ pub async fn deliveries(args: DeliveriesArgs) -> anyhow::Result<()> {
             eprintln!("enqueued a manual attempt of delivery {id}");
         }
         DeliveriesAction::Recover { webhook, since } => {
-            let found = tocsin_storage::webhooks::get(&mut conn, webhook).await;
-            match found {
-                Ok(w) if w.enabled => {}
-                Ok(_) => anyhow::bail!("webhook {webhook} is disabled: enable it first"),
+            let refusal = |w: &tocsin_storage::webhooks::Webhook| {
+                if w.is_deleted() {
+                    Some(format!("no webhook {webhook}"))
+                } else if !w.enabled {
+                    Some(format!("webhook {webhook} is disabled: enable it first"))
+                } else {
+                    None
+                }
+            };
+            let (n, waiting) = match crate::store::recover(&mut conn, webhook, since, refusal).await
+            {
+                Ok(Ok(counts)) => counts,
+                Ok(Err(refused)) => anyhow::bail!(refused),
                 Err(DbError::NotFound) => anyhow::bail!("no webhook {webhook}"),
                 Err(error) => return Err(error.into()),
-            }
-            let (n, waiting) = crate::store::recover(&mut conn, webhook, since).await?;
+            };
             writeln!(out, "{n}")?;
             eprintln!(
                 "enqueued a manual attempt of {n} failed deliveries, and {waiting} deliveries that waited while the webhook was disabled"

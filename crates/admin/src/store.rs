@@ -85,20 +85,27 @@ pub async fn enqueue_manual_attempts(
 
 /// Enqueues a manual attempt of every failed delivery of a webhook created since `since`, and
 /// the next automatic attempt of every one created since then that waits because the webhook
-/// was disabled; returns how many of each.
-pub async fn recover(
+/// was disabled; returns how many of each. The webhook's row is locked first (`FOR SHARE`) and
+/// given to `refusal`: a disabling or deletion is either seen there, and nothing is done, or
+/// waits until this has committed.
+pub async fn recover<E: Send>(
     conn: &mut AsyncPgConnection,
     webhook_id: Uuid,
     since: OffsetDateTime,
-) -> Result<(usize, usize), DbError> {
+    refusal: impl Fn(&Webhook) -> Option<E> + Send + Sync,
+) -> Result<Result<(usize, usize), E>, DbError> {
     conn.transaction::<_, DbError, _>(async |conn| {
+        let webhook = webhooks::get_any_for_share(conn, webhook_id).await?;
+        if let Some(refused) = refusal(&webhook) {
+            return Ok(Err(refused));
+        }
         let ids = deliveries::failed_since(conn, webhook_id, since).await?;
         enqueue_chunked(conn, &ids).await?;
         let waiting = deliveries::recover_disabled(conn, webhook_id, since).await?;
         for chunk in waiting.chunks(ENQUEUE_CHUNK) {
             outbox::enqueue_automatic(conn, chunk).await?;
         }
-        Ok((ids.len(), waiting.len()))
+        Ok(Ok((ids.len(), waiting.len())))
     })
     .await
 }

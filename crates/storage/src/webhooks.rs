@@ -248,6 +248,17 @@ pub async fn get_for_update(conn: &mut AsyncPgConnection, id: Uuid) -> Result<We
     found(row.first(conn).await.optional()?)
 }
 
+/// A webhook, deleted or not, its row locked `FOR SHARE` until the end of the caller's
+/// transaction: a change of it under way (enabling, disabling, deletion) is waited for and
+/// seen, and one that starts later waits for the caller to commit.
+pub async fn get_any_for_share(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Webhook, DbError> {
+    let row = webhooks::table
+        .find(id)
+        .for_share()
+        .select(WebhookRow::as_select());
+    found(row.first(conn).await.optional()?)
+}
+
 /// Webhooks that have not been deleted, newest first.
 pub async fn list(
     conn: &mut AsyncPgConnection,

@@ -1347,6 +1347,58 @@ async fn a_manual_retry_enqueues_one_attempt_through_the_outbox() {
     admin.stop().await;
 }
 
+/// A recovery reads the webhook under a lock: one that meets a disabling under way waits for
+/// it, sees the webhook disabled and enqueues nothing (it used to check before, and then
+/// retried a disabled webhook's deliveries).
+#[tokio::test]
+async fn a_recovery_meeting_a_disabling_waits_for_it_and_refuses() {
+    let admin = TestAdmin::start().await;
+    let webhook = id_of(&admin.create_webhook("ops").await);
+    let mut conn = admin.conn().await;
+    let (failed, _) = seed_delivery(
+        &mut conn,
+        webhook,
+        EventKind::IncidentOpened,
+        Uuid::now_v7(),
+    )
+    .await;
+    tocsin_testkit::deliveries::mark_failed(&mut conn, failed).await;
+
+    // A disabling under way: its transaction holds the webhook's row.
+    let mut disabling = admin.conn().await;
+    diesel::sql_query("BEGIN")
+        .execute(&mut disabling)
+        .await
+        .unwrap();
+    diesel::sql_query("UPDATE webhooks SET enabled = false WHERE id = $1")
+        .bind::<SqlUuid, _>(webhook)
+        .execute(&mut disabling)
+        .await
+        .unwrap();
+    let since = rfc3339(OffsetDateTime::now_utc() - time::Duration::days(1));
+    let (path, body) = (
+        format!("/api/v1/webhooks/{webhook}/recover"),
+        json!({"since": since}),
+    );
+    let recover = admin.post(&path, &body);
+    let commit = async {
+        wait_until("the recovery to wait for the webhook's row", DEADLINE, || async {
+            admin
+                .count("pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+                .await
+                == 1
+        })
+        .await;
+        diesel::sql_query("COMMIT")
+            .execute(&mut disabling)
+            .await
+            .unwrap();
+    };
+    let ((status, body), ()) = tokio::join!(recover, commit);
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(admin.manual_retry_outbox_rows().await.is_empty());
+}
+
 #[tokio::test]
 async fn bulk_recovery_retries_the_failed_deliveries_since_a_time() {
     let admin = TestAdmin::start().await;
