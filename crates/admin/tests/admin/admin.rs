@@ -189,6 +189,13 @@ fn assert_error(
     }
 }
 
+/// Records an event of a new incident and one delivery of it to `webhook_id`, failed.
+async fn seed_failed_delivery(conn: &mut AsyncPgConnection, webhook_id: Uuid) -> Uuid {
+    let (id, _) = seed_delivery(conn, webhook_id, EventKind::IncidentOpened, Uuid::now_v7()).await;
+    tocsin_testkit::deliveries::mark_failed(conn, id).await;
+    id
+}
+
 /// Records an event and one delivery of it to `webhook_id` (and none to other webhooks).
 async fn seed_delivery(
     conn: &mut AsyncPgConnection,
@@ -1300,14 +1307,7 @@ async fn a_manual_retry_enqueues_one_attempt_through_the_outbox() {
     let admin = TestAdmin::start().await;
     let webhook = id_of(&admin.create_webhook("ops").await);
     let mut conn = admin.conn().await;
-    let (delivery, _) = seed_delivery(
-        &mut conn,
-        webhook,
-        EventKind::IncidentOpened,
-        Uuid::now_v7(),
-    )
-    .await;
-    tocsin_testkit::deliveries::mark_failed(&mut conn, delivery).await;
+    let delivery = seed_failed_delivery(&mut conn, webhook).await;
 
     let (status, body) = admin
         .post_empty(&format!("/api/v1/deliveries/{delivery}/retry"))
@@ -1355,14 +1355,7 @@ async fn a_recovery_meeting_a_disabling_waits_for_it_and_refuses() {
     let admin = TestAdmin::start().await;
     let webhook = id_of(&admin.create_webhook("ops").await);
     let mut conn = admin.conn().await;
-    let (failed, _) = seed_delivery(
-        &mut conn,
-        webhook,
-        EventKind::IncidentOpened,
-        Uuid::now_v7(),
-    )
-    .await;
-    tocsin_testkit::deliveries::mark_failed(&mut conn, failed).await;
+    seed_failed_delivery(&mut conn, webhook).await;
 
     // A disabling under way: its transaction holds the webhook's row.
     let mut disabling = admin.conn().await;
@@ -1407,14 +1400,7 @@ async fn bulk_recovery_retries_the_failed_deliveries_since_a_time() {
     let mut conn = admin.conn().await;
     let mut failed = Vec::new();
     for _ in 0..3 {
-        let (id, _) = seed_delivery(
-            &mut conn,
-            webhook,
-            EventKind::IncidentOpened,
-            Uuid::now_v7(),
-        )
-        .await;
-        tocsin_testkit::deliveries::mark_failed(&mut conn, id).await;
+        let id = seed_failed_delivery(&mut conn, webhook).await;
         failed.push(id);
     }
     let long_ago = OffsetDateTime::now_utc() - time::Duration::days(2);
@@ -1426,9 +1412,7 @@ async fn bulk_recovery_retries_the_failed_deliveries_since_a_time() {
         Uuid::now_v7(),
     )
     .await;
-    let (elsewhere, _) =
-        seed_delivery(&mut conn, other, EventKind::IncidentOpened, Uuid::now_v7()).await;
-    tocsin_testkit::deliveries::mark_failed(&mut conn, elsewhere).await;
+    seed_failed_delivery(&mut conn, other).await;
 
     let since = rfc3339(OffsetDateTime::now_utc() - time::Duration::days(1));
     let (status, body) = admin
@@ -1962,14 +1946,7 @@ async fn every_cli_subcommand_does_its_job() {
     let admin = TestAdmin::start().await;
     let webhook = id_of(&admin.create_webhook("ops").await);
     let mut conn = admin.conn().await;
-    let (failed, _) = seed_delivery(
-        &mut conn,
-        webhook,
-        EventKind::IncidentOpened,
-        Uuid::now_v7(),
-    )
-    .await;
-    tocsin_testkit::deliveries::mark_failed(&mut conn, failed).await;
+    let failed = seed_failed_delivery(&mut conn, webhook).await;
     let (pending, _) = seed_delivery(
         &mut conn,
         webhook,
