@@ -2101,21 +2101,46 @@ async fn disabling_a_webhook_fails_its_unfinished_deliveries_but_lets_an_attempt
 }
 
 /// Deleting a webhook stops its deliveries as disabling does: each one with no attempt under
-/// way becomes a failed delivery with no next attempt.
+/// way becomes a failed delivery with no next attempt. So does one that waited while it was
+/// disabled and was not recovered, which nothing else would finish (and retention never deletes
+/// unfinished ones).
 #[tokio::test]
 async fn deleting_a_webhook_stops_its_deliveries() {
     let db = TestDb::new().await;
     let mut conn = db.pool().get().await.unwrap();
     let webhook = webhook_for_every_event(&mut conn, "deleted").await;
+    webhooks::update(&mut conn, webhook.id, &disable())
+        .await
+        .unwrap();
+    let event = open(&mut conn, "while disabled").await;
+    assert_eq!(fan_out(&mut conn, &event, &[]).await.disabled, 1);
+    let enable = WebhookChanges {
+        enabled: Some(true),
+        ..Default::default()
+    };
+    webhooks::update(&mut conn, webhook.id, &enable)
+        .await
+        .unwrap();
     let pending = delivery_to(&mut conn, "pending", webhook.id).await;
     let under_way = delivery_to(&mut conn, "under way", webhook.id).await;
     claim_auto(&mut conn, under_way, 0).await.unwrap();
+    let waited = async |conn: &mut AsyncPgConnection| {
+        let all = deliveries_of(conn, webhook.id).await;
+        let d = all.into_iter().find(|d| d.event_id == event.id).unwrap();
+        (d.state, d.wait_reason)
+    };
+    assert_eq!(
+        waited(&mut conn).await,
+        (DeliveryState::Waiting, Some(WaitReason::WebhookDisabled)),
+        "enabling does not send it"
+    );
     webhooks::delete(&mut conn, webhook.id).await.unwrap();
     let d = deliveries::get(&mut conn, pending).await.unwrap();
     assert_eq!(
         (d.state, d.attempt_count, d.next_attempt_at),
         (DeliveryState::Failed, 0, None)
     );
+    assert_eq!(waited(&mut conn).await, (DeliveryState::Failed, None));
     assert_eq!(
         deliveries::get(&mut conn, under_way).await.unwrap().state,
         DeliveryState::Pending
