@@ -52,14 +52,30 @@ struct Consumers {
     drain_timeout: Duration,
 }
 
+/// How a consumer is named: its task, and the word of its tag in RabbitMQ
+/// (`tocsin-dispatcher-{tag}-{instance}`).
+struct ConsumerName {
+    task: &'static str,
+    tag: &'static str,
+}
+
+const FANOUT: ConsumerName = ConsumerName {
+    task: "fanout-consumer",
+    tag: "fanout",
+};
+const DELIVERIES: ConsumerName = ConsumerName {
+    task: "delivery-consumer",
+    tag: "deliveries",
+};
+
 impl Consumers {
     /// Consumes `queue` with `prefetch` messages unacknowledged at most, handling each with
-    /// `handle`, as the task `name` with the tag `tocsin-dispatcher-{name}-{instance}`.
-    /// The context's tasks count it, so the last health write waits for its drain.
+    /// `handle`, as the task and with the tag `name` gives. The context's tasks count it, so the
+    /// last health write waits for its drain.
     fn start<Fut>(
         &self,
         background: &mut Background,
-        name: &'static str,
+        name: ConsumerName,
         (queue, prefetch): (String, u16),
         handle: fn(Arc<Context>, Delivery) -> Fut,
     ) where
@@ -68,7 +84,7 @@ impl Consumers {
         let options = ConsumerOptions {
             queue,
             prefetch,
-            tag: format!("tocsin-dispatcher-{name}-{}", self.instance),
+            tag: format!("tocsin-dispatcher-{}-{}", name.tag, self.instance),
             drain_timeout: self.drain_timeout,
         };
         let ctx = self.context.clone();
@@ -79,7 +95,7 @@ impl Consumers {
             move |message| handle(ctx.clone(), message),
         );
         let task = self.context.tasks.track_future(consumer);
-        background.spawn(name, task);
+        background.spawn(name.task, task);
     }
 }
 
@@ -142,13 +158,13 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let topology = broker.topology();
     consumers.start(
         &mut background,
-        "fanout-consumer",
+        FANOUT,
         (topology.fanout_queue(), config.fanout_prefetch),
         crate::fanout::handle_event,
     );
     consumers.start(
         &mut background,
-        "delivery-consumer",
+        DELIVERIES,
         (topology.delivery_queue(), config.concurrency),
         crate::deliver::handle_delivery,
     );

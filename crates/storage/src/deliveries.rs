@@ -313,7 +313,7 @@ pub async fn list(
         query = query.filter(deliveries::created_at.lt(until));
     }
     if let Some(cursor) = &page.cursor {
-        query = query.filter(cursor.before());
+        query = query.filter(cursor.before("deliveries"));
     }
     let rows: Vec<DeliveryRow> = query.load(conn).await?;
     page.finish(rows)

@@ -589,7 +589,7 @@ pub async fn list(
         query = query.filter(incidents::severity.eq(severity.as_str()));
     }
     if let Some(cursor) = &page.cursor {
-        query = query.filter(cursor.before());
+        query = query.filter(cursor.before("incidents"));
     }
     let rows: Vec<IncidentRow> = query.load(conn).await?;
     page.finish(rows)

@@ -225,16 +225,18 @@ impl Cursor {
         URL_SAFE_NO_PAD.encode(format!("{}:{}", self.at.unix_timestamp_nanos(), self.id))
     }
 
-    /// The rows that come after this cursor in a newest-first list, `(created_at, id) < (at, id)`:
-    /// every listed table names its columns so, and its `(created_at DESC, id DESC)` index
-    /// answers the comparison.
+    /// The rows of `table` that come after this cursor in a newest-first list,
+    /// `(created_at, id) < (at, id)`: every listed table names its columns so, and the row
+    /// comparison is answered by a `(created_at DESC, id DESC)` index where the table has one.
     pub(crate) fn before<QS>(
         &self,
+        table: &str,
     ) -> Box<dyn diesel::BoxableExpression<QS, diesel::pg::Pg, SqlType = diesel::sql_types::Bool>>
     {
-        use diesel::sql_types::{Timestamptz, Uuid as SqlUuid};
+        use diesel::sql_types::{Bool, Timestamptz, Uuid as SqlUuid};
+        let row = format!("({table}.created_at, {table}.id) < (");
         Box::new(
-            diesel::dsl::sql::<diesel::sql_types::Bool>("(created_at, id) < (")
+            diesel::dsl::sql::<Bool>(&row)
                 .bind::<Timestamptz, _>(self.at)
                 .sql(", ")
                 .bind::<SqlUuid, _>(self.id)

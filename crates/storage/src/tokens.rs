@@ -115,7 +115,7 @@ pub async fn list(
         .limit(page.limit + 1)
         .into_boxed();
     if let Some(cursor) = &page.cursor {
-        query = query.filter(cursor.before());
+        query = query.filter(cursor.before("inbound_tokens"));
     }
     let rows: Vec<InboundToken> = query.load(conn).await?;
     page.finish(rows)

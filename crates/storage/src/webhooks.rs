@@ -271,7 +271,7 @@ pub async fn list(
         .limit(page.limit + 1)
         .into_boxed();
     if let Some(cursor) = &page.cursor {
-        query = query.filter(cursor.before());
+        query = query.filter(cursor.before("webhooks"));
     }
     let rows: Vec<WebhookRow> = query.load(conn).await?;
     page.finish(rows)

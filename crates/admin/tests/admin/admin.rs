@@ -625,8 +625,6 @@ async fn webhooks_are_created_read_changed_and_deleted() {
     admin.stop().await;
 }
 
-/// Filters, headers and a rate limit are set at creation, read back (header values masked),
-/// and changed: a masked value written back keeps the stored one, `null` removes the limit.
 /// A change reads the webhook's health before it writes it, so that when the read fails the
 /// answer is an error and nothing was changed: a client that retries a failed rotation
 /// rotates once, and the secret its receivers know stays the previous one.
@@ -668,6 +666,8 @@ async fn a_change_whose_health_cannot_be_read_answers_an_error_and_changes_nothi
     assert_eq!(rotated["health"]["consecutive_failures"], 0);
 }
 
+/// Filters, headers and a rate limit are set at creation, read back (header values masked),
+/// and changed: a masked value written back keeps the stored one, `null` removes the limit.
 #[tokio::test]
 async fn filters_headers_and_rate_limits_are_set_read_and_changed() {
     let admin = TestAdmin::start().await;
