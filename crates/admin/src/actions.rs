@@ -140,7 +140,7 @@ pub fn ensure_deliverable(webhook: &Webhook) -> Result<(), AdminError> {
 
 /// Why the deliveries of `webhook` cannot be retried now, if they cannot: it was deleted, or it
 /// is disabled.
-fn undeliverable(webhook: &Webhook) -> Option<AdminError> {
+pub fn undeliverable(webhook: &Webhook) -> Option<AdminError> {
     if webhook.is_deleted() {
         Some(AdminError::Conflict(
             "the webhook was deleted; its deliveries can no longer be retried".into(),

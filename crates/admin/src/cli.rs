@@ -147,28 +147,19 @@ pub async fn deliveries(args: DeliveriesArgs) -> anyhow::Result<()> {
                 anyhow::bail!("delivery {id} succeeded already: nothing is retried");
             }
             let webhook = tocsin_storage::webhooks::get_any(&mut conn, delivery.webhook_id).await?;
-            if webhook.is_deleted() || !webhook.enabled {
-                anyhow::bail!(
-                    "the webhook of delivery {id} is deleted or disabled: nothing would be sent"
-                );
+            if let Some(refused) = crate::actions::undeliverable(&webhook) {
+                anyhow::bail!("delivery {id}: {refused}");
             }
             crate::store::enqueue_manual_attempts(&mut conn, &[id]).await?;
             eprintln!("enqueued a manual attempt of delivery {id}");
         }
         DeliveriesAction::Recover { webhook, since } => {
-            let refusal = |w: &tocsin_storage::webhooks::Webhook| {
-                if w.is_deleted() {
-                    Some(format!("no webhook {webhook}"))
-                } else if !w.enabled {
-                    Some(format!("webhook {webhook} is disabled: enable it first"))
-                } else {
-                    None
-                }
-            };
-            let (n, waiting) = match crate::store::recover(&mut conn, webhook, since, refusal).await
-            {
+            let recovered =
+                crate::store::recover(&mut conn, webhook, since, crate::actions::undeliverable)
+                    .await;
+            let (n, waiting) = match recovered {
                 Ok(Ok(counts)) => counts,
-                Ok(Err(refused)) => anyhow::bail!(refused),
+                Ok(Err(refused)) => anyhow::bail!("webhook {webhook}: {refused}"),
                 Err(DbError::NotFound) => anyhow::bail!("no webhook {webhook}"),
                 Err(error) => return Err(error.into()),
             };

@@ -46,7 +46,7 @@ pub(crate) struct WebhookRow {
     disabled_at: Option<OffsetDateTime>,
 }
 
-/// A webhook as stored. Its secrets never serialise.
+/// A webhook as stored. Its `Debug` masks its secrets and header values.
 #[derive(Debug, Clone)]
 pub struct Webhook {
     pub id: Uuid,
@@ -62,7 +62,7 @@ pub struct Webhook {
     pub previous_secret: Option<(WebhookSecret, OffsetDateTime)>,
     /// Which of the events it subscribes to it receives.
     pub filters: WebhookFilters,
-    /// Sent with every delivery; values never serialise.
+    /// Sent with every delivery; shown masked everywhere but the form that sets them.
     pub headers: WebhookHeaders,
     pub rate_limit: Option<RateLimit>,
     /// Why it is disabled (an operator, or auto-disable with its figures); `None` while enabled.

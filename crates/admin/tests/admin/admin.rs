@@ -2034,6 +2034,32 @@ async fn every_cli_subcommand_does_its_job() {
         ],
     );
     assert!(!ok && said.contains("RFC 3339"), "{said}");
+    let (status, _) = admin
+        .patch(
+            &format!("/api/v1/webhooks/{webhook}"),
+            &json!({"enabled": false}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (ok, _, said) = cli(
+        &env,
+        &[
+            "deliveries",
+            "recover",
+            "--webhook",
+            &webhook.to_string(),
+            "--since",
+            &since,
+        ],
+    );
+    assert!(!ok && said.contains("the webhook is disabled"), "{said}");
+    let (ok, _, said) = cli(&env, &["deliveries", "retry", &failed.to_string()]);
+    assert!(!ok && said.contains("the webhook is disabled"), "{said}");
+    assert_eq!(
+        admin.manual_retry_outbox_rows().await.len(),
+        2,
+        "nothing enqueued for a disabled webhook"
+    );
 
     // prune: a failed delivery last changed long ago goes, with its attempts; the rest stays.
     diesel::sql_query(

@@ -17,10 +17,11 @@
 --
 -- The fanning dispatcher has room for $8[i] more attempts to webhook $5[i] (any other: no
 -- limit): a delivery beyond its webhook's room starts `waiting` (`webhook_busy`). When $6 is
--- true, every other delivery, but those of a rate-limited webhook (their claims go through its budget, `sql/claim.sql`), starts with its
--- first attempt claimed, as `sql/claim.sql` claims one: counted, leased for twice the
--- webhook's timeout (time to wait for a slot, then to make the request) plus $7 ms, and
--- logged with no outcome yet, in this same statement; the fanning dispatcher makes them.
+-- true, every other delivery, but those of a rate-limited webhook (their claims go through its
+-- budget, `sql/claim.sql`), starts with its first attempt claimed, as `sql/claim.sql` claims
+-- one: counted, leased for twice the webhook's timeout (time to wait for a slot, then to make
+-- the request) plus $7 ms, and logged with no outcome yet, in this same statement; the
+-- fanning dispatcher makes them.
 -- Otherwise they start `pending`.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::uuid[])
