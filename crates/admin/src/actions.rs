@@ -4,7 +4,7 @@
 
 use time::OffsetDateTime;
 use tocsin_domain::IncidentStatus;
-use tocsin_storage::deliveries::{self, Delivery, DeliveryState};
+use tocsin_storage::deliveries::Delivery;
 use tocsin_storage::incidents::{self, Incident};
 use tocsin_storage::outbox::NewEvent;
 use tocsin_storage::webhooks::{self, NewWebhook, Webhook};
@@ -77,21 +77,16 @@ pub async fn send_test_event(state: &AdminState, id: Uuid) -> Result<NewEvent, A
 }
 
 /// Enqueues one immediate manual attempt of a delivery (409 when it succeeded already, or its
-/// webhook was deleted or is disabled).
+/// webhook was deleted or is disabled: checked under the webhook's row lock, as recover does).
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn retry_delivery(state: &AdminState, id: Uuid) -> Result<Delivery, AdminError> {
     let mut conn = state.conn().await?;
-    let delivery = deliveries::get(&mut conn, id)
+    let delivery = store::retry(&mut conn, id, undeliverable)
         .await
-        .or_not_found("delivery")?;
-    if delivery.state == DeliveryState::Succeeded {
-        return Err(AdminError::Conflict(
-            "the delivery succeeded already; nothing is retried".into(),
-        ));
-    }
-    let webhook = webhooks::get_any(&mut conn, delivery.webhook_id).await?;
-    ensure_deliverable(&webhook)?;
-    store::enqueue_manual_attempts(&mut conn, &[delivery.id]).await?;
+        .or_not_found("delivery")??
+        .ok_or_else(|| {
+            AdminError::Conflict("the delivery succeeded already; nothing is retried".into())
+        })?;
     state.wake_relay();
     tracing::info!(delivery = %delivery.id, "manual retry enqueued");
     Ok(delivery)

@@ -138,19 +138,15 @@ pub async fn deliveries(args: DeliveriesArgs) -> anyhow::Result<()> {
             }
         }
         DeliveriesAction::Retry { id } => {
-            let delivery = match repo::get(&mut conn, id).await {
-                Ok(delivery) => delivery,
+            match crate::store::retry(&mut conn, id, crate::actions::undeliverable).await {
+                Ok(Ok(Some(_))) => {}
+                Ok(Ok(None)) => {
+                    anyhow::bail!("delivery {id} succeeded already: nothing is retried")
+                }
+                Ok(Err(refused)) => anyhow::bail!("delivery {id}: {refused}"),
                 Err(DbError::NotFound) => anyhow::bail!("no delivery {id}"),
                 Err(error) => return Err(error.into()),
-            };
-            if delivery.state == tocsin_domain::delivery::DeliveryState::Succeeded {
-                anyhow::bail!("delivery {id} succeeded already: nothing is retried");
             }
-            let webhook = tocsin_storage::webhooks::get_any(&mut conn, delivery.webhook_id).await?;
-            if let Some(refused) = crate::actions::undeliverable(&webhook) {
-                anyhow::bail!("delivery {id}: {refused}");
-            }
-            crate::store::enqueue_manual_attempts(&mut conn, &[id]).await?;
             eprintln!("enqueued a manual attempt of delivery {id}");
         }
         DeliveriesAction::Recover { webhook, since } => {

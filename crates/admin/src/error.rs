@@ -85,7 +85,7 @@ impl From<tocsin_web::body::BodyError> for AdminError {
 
 impl From<DbError> for AdminError {
     fn from(error: DbError) -> Self {
-        if error.is_unavailable() {
+        if error.is_transient() {
             AdminError::Unavailable
         } else {
             AdminError::Storage(error)

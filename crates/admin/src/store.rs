@@ -9,7 +9,7 @@ use tocsin_domain::{
 };
 use tocsin_storage::outbox::{self, NewEvent};
 use tocsin_storage::webhooks::{self, Webhook, WebhookChanges};
-use tocsin_storage::{deliveries, DbError};
+use tocsin_storage::{deliveries, Cursor, DbError};
 use uuid::Uuid;
 
 /// Outbox rows written per statement (each row binds three parameters; PostgreSQL allows
@@ -74,40 +74,85 @@ pub async fn record_test_event(
     Ok(event)
 }
 
-/// Enqueues one immediate manual attempt of each delivery.
-pub async fn enqueue_manual_attempts(
+/// Enqueues one immediate manual attempt of a delivery, unless it succeeded already (`Ok(None)`)
+/// or `refusal` refuses its webhook, whose row is locked first (`FOR SHARE`): a disabling or
+/// deletion under way is waited for and seen, and one that comes later waits until this has
+/// committed.
+pub async fn retry<E: Send>(
     conn: &mut AsyncPgConnection,
-    delivery_ids: &[Uuid],
-) -> Result<(), DbError> {
-    conn.transaction::<_, DbError, _>(async |conn| enqueue_chunked(conn, delivery_ids).await)
-        .await
+    delivery_id: Uuid,
+    refusal: impl Fn(&Webhook) -> Option<E> + Send + Sync,
+) -> Result<Result<Option<deliveries::Delivery>, E>, DbError> {
+    conn.transaction::<_, DbError, _>(async |conn| {
+        let delivery = deliveries::get(conn, delivery_id).await?;
+        if delivery.state == deliveries::DeliveryState::Succeeded {
+            return Ok(Ok(None));
+        }
+        let webhook = webhooks::get_any_for_share(conn, delivery.webhook_id).await?;
+        if let Some(refused) = refusal(&webhook) {
+            return Ok(Err(refused));
+        }
+        enqueue_chunked(conn, &[delivery.id]).await?;
+        Ok(Ok(Some(delivery)))
+    })
+    .await
 }
 
 /// Enqueues a manual attempt of every failed delivery of a webhook created since `since`, and
 /// the next automatic attempt of every one created since then that waits because the webhook
-/// was disabled; returns how many of each. The webhook's row is locked first (`FOR SHARE`) and
-/// given to `refusal`: a disabling or deletion is either seen there, and nothing is done, or
-/// waits until this has committed.
+/// was disabled; returns how many of each. It works a page of [`ENQUEUE_CHUNK`] deliveries at
+/// a time, each page in a transaction of its own, so that memory and the transaction stay
+/// small however many there are. Each page locks the webhook's row first (`FOR SHARE`) and
+/// gives it to `refusal`: a disabling or deletion is either seen there, and nothing more is
+/// done (the pages before it stay enqueued; the first page's refusal is the answer), or waits
+/// until that page has committed.
 pub async fn recover<E: Send>(
     conn: &mut AsyncPgConnection,
     webhook_id: Uuid,
     since: OffsetDateTime,
     refusal: impl Fn(&Webhook) -> Option<E> + Send + Sync,
 ) -> Result<Result<(usize, usize), E>, DbError> {
-    conn.transaction::<_, DbError, _>(async |conn| {
-        let webhook = webhooks::get_any_for_share(conn, webhook_id).await?;
-        if let Some(refused) = refusal(&webhook) {
-            return Ok(Err(refused));
-        }
-        let ids = deliveries::failed_since(conn, webhook_id, since).await?;
-        enqueue_chunked(conn, &ids).await?;
-        let waiting = deliveries::recover_disabled(conn, webhook_id, since).await?;
-        for chunk in waiting.chunks(ENQUEUE_CHUNK) {
-            outbox::enqueue_automatic(conn, chunk).await?;
-        }
-        Ok(Ok((ids.len(), waiting.len())))
-    })
-    .await
+    let page = ENQUEUE_CHUNK as i64;
+    let (mut retried, mut sent_waiting) = (0, 0);
+    let mut after = Cursor::new(since, Uuid::nil());
+    let mut failed_left = true;
+    let mut waiting_left = true;
+    while failed_left || waiting_left {
+        let done = conn
+            .transaction::<_, DbError, _>(async |conn| {
+                let webhook = webhooks::get_any_for_share(conn, webhook_id).await?;
+                if let Some(refused) = refusal(&webhook) {
+                    return Ok(Err(refused));
+                }
+                let mut failed = Vec::new();
+                if failed_left {
+                    let next;
+                    (failed, next) = deliveries::failed_page(conn, webhook_id, after, page).await?;
+                    enqueue_chunked(conn, &failed).await?;
+                    after = next.unwrap_or(after);
+                }
+                let mut waiting = Vec::new();
+                if waiting_left {
+                    waiting = deliveries::recover_disabled(conn, webhook_id, since, page).await?;
+                    outbox::enqueue_automatic(conn, &waiting).await?;
+                }
+                Ok(Ok((failed.len(), waiting.len())))
+            })
+            .await?;
+        let (failed, waiting) = match done {
+            Ok(counts) => counts,
+            Err(refused) if retried + sent_waiting == 0 => return Ok(Err(refused)),
+            Err(_) => {
+                tracing::warn!(%webhook_id, retried, sent_waiting, "recovery stopped: the webhook was disabled or deleted meanwhile");
+                break;
+            }
+        };
+        retried += failed;
+        sent_waiting += waiting;
+        failed_left = failed_left && failed == ENQUEUE_CHUNK;
+        waiting_left = waiting_left && waiting == ENQUEUE_CHUNK;
+    }
+    Ok(Ok((retried, sent_waiting)))
 }
 
 async fn enqueue_chunked(conn: &mut AsyncPgConnection, ids: &[Uuid]) -> Result<(), DbError> {

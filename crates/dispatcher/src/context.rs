@@ -129,8 +129,18 @@ impl Context {
         match result {
             Ok(value) => Ok(value),
             Err(DbError::NotFound) => Err(Some(Outcome::Park("not found in the database".into()))),
-            Err(error) if !error.is_transient() => Err(Some(Outcome::Park(error.to_string()))),
+            Err(error) if !error.is_transient() => {
+                self.metrics
+                    .database_errors
+                    .with_label_values(&["permanent"])
+                    .inc();
+                Err(Some(Outcome::Park(error.to_string())))
+            }
             Err(error) => {
+                self.metrics
+                    .database_errors
+                    .with_label_values(&["transient"])
+                    .inc();
                 tracing::warn!(%error, "database unavailable; waiting");
                 tokio::select! {
                     _ = self.cancel.cancelled() => return Err(Some(Outcome::Requeue)),

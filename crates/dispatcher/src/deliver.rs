@@ -4,6 +4,7 @@
 //! with the transition the state machine gives; a failed automatic attempt with attempts left
 //! is scheduled through the retry queue of the next delay.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,7 +19,7 @@ use tocsin_domain::signing::{self, headers};
 use tocsin_storage::attempts::{AttemptResult, Claim, Completion, Job};
 use tocsin_storage::deliveries::{self, Due};
 use tocsin_web::telemetry::RemoteParent;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tracing::field::Empty;
 use tracing::Instrument;
 
@@ -148,7 +149,7 @@ async fn wait(ctx: &Context, due: Due) -> Outcome {
 /// operator asked for it now.
 #[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %claim.delivery_id, trigger = claim.trigger.as_str(), attempt, webhook_id))]
 async fn attempt(ctx: &Context, claim: Claim, slot: Option<Slot>, claimed: Claimed) -> Outcome {
-    let Ok(_request) = ctx.requests.acquire().await else {
+    let Ok(request) = ctx.requests.clone().acquire_owned().await else {
         return Outcome::Requeue;
     };
     let job = retry_db!(ctx, ctx.batched.claim(claim).await);
@@ -161,35 +162,66 @@ async fn attempt(ctx: &Context, claim: Claim, slot: Option<Slot>, claimed: Claim
         }
         Err(outcome) => return outcome,
     };
-    make(ctx, job, slot).await
+    make(ctx, job, Room::Taken { slot, request }).await
 }
 
 /// Makes a first attempt claimed with its delivery by the fan-out: takes a slot of its webhook
-/// in turn (the fan-out claimed no more than the room of a webhook that is not answering, and
-/// the lease covers the wait) and a request slot, tells `started`, and makes it.
+/// in turn (the fan-out claimed no more than the room of a webhook that is not answering) and a
+/// request permit, tells `started`, and makes it. Its lease lasts twice the webhook's timeout
+/// plus [`crate::context::LEASE_MARGIN`] from the claim: the wait for room may take one timeout of it, the
+/// request the other. An attempt that has no room by then is recorded as not sent
+/// ([`AttemptError::NotSent`]) and follows the schedule: no request goes out past its lease.
 #[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %job.delivery.id, attempt = job.number, webhook_id = %job.webhook.id))]
 pub(crate) async fn make_claimed(ctx: &Context, job: Job, started: Claimed) -> Outcome {
-    let slot = ctx.slots.take_in_turn(job.webhook.id).await;
-    let Ok(_request) = ctx.requests.acquire().await else {
-        return Outcome::Requeue;
+    let room = async {
+        let slot = ctx.slots.take_in_turn(job.webhook.id).await;
+        let request = ctx.requests.clone().acquire_owned().await.ok()?;
+        Some(Room::Taken { slot, request })
+    };
+    let room = match tokio::time::timeout(job.webhook.retry.timeout(), room).await {
+        Ok(Some(room)) => room,
+        // The permits are closed: the dispatcher is stopping.
+        Ok(None) => return Outcome::Requeue,
+        Err(_) => Room::None,
     };
     tell(started);
-    make(ctx, job, slot).await
+    make(ctx, job, room).await
 }
 
-/// Sends a claimed attempt, records its outcome, and schedules the next one.
-async fn make(ctx: &Context, job: Job, slot: Option<Slot>) -> Outcome {
+/// What an attempt was given to be made in.
+enum Room {
+    /// A request permit of the dispatcher, and a slot of the webhook (none for a manual
+    /// attempt); the permit is given back as soon as the request ends.
+    Taken {
+        slot: Option<Slot>,
+        request: OwnedSemaphorePermit,
+    },
+    /// None within the attempt's lease: no request is sent.
+    None,
+}
+
+/// Sends a claimed attempt (unless it has no room), records its outcome, and schedules the
+/// next one.
+async fn make(ctx: &Context, job: Job, room: Room) -> Outcome {
     tracing::Span::current()
         .record("attempt", job.number)
         .record("webhook_id", tracing::field::display(job.webhook.id));
-    ctx.metrics.in_flight.inc();
     let started = OffsetDateTime::now_utc();
-    let result = send(ctx, &job, started).await;
-    ctx.metrics.in_flight.dec();
-    if let (Some(slot), Some(_)) = (&slot, result.status_code) {
-        slot.answered();
-    }
-    drop(slot);
+    let result = match room {
+        Room::Taken { slot, request } => {
+            ctx.metrics.in_flight.inc();
+            let result = send(ctx, &job, started).await;
+            ctx.metrics.in_flight.dec();
+            if let (Some(slot), Some(_)) = (&slot, result.status_code) {
+                slot.answered();
+            }
+            // The request is over: its slot and permit go to the next attempt now, not after
+            // the outcome is recorded.
+            drop((slot, request));
+            result
+        }
+        Room::None => AttemptResult::not_sent(job.webhook.retry.timeout_ms()),
+    };
     observe(ctx, &job, &result, started);
     tracing::debug!(
         status = result.status_code,
@@ -216,6 +248,17 @@ async fn make(ctx: &Context, job: Job, slot: Option<Slot>) -> Outcome {
         Ok(Some(completed)) => completed,
         // Recorded as interrupted meanwhile (this dispatcher outlived its lease).
         Ok(None) => return Outcome::Done,
+        Err(Outcome::Park(reason)) => {
+            // This outcome's own error: it fails alone. The attempt stays under way until its
+            // lease ends, and the sweeper records it as interrupted.
+            tracing::error!(
+                delivery_id = %job.delivery.id,
+                attempt = job.number,
+                %reason,
+                "the attempt's outcome could not be recorded; the sweeper will record it as interrupted"
+            );
+            return Outcome::Done;
+        }
         Err(outcome) => return outcome,
     };
     ctx.health.add(job.webhook.id, &completion.result);
@@ -392,6 +435,12 @@ async fn send(ctx: &Context, job: &Job, started_at: OffsetDateTime) -> AttemptRe
             result.error_detail = Some(detail);
         }
     }
+    // Error texts quote what the target sent (a status line, a TLS alert).
+    if let Some(detail) = &mut result.error_detail {
+        if let Cow::Owned(clean) = tocsin_domain::text::storable_str(detail) {
+            *detail = clean;
+        }
+    }
     let span = tracing::Span::current();
     span.record("success", result.success);
     if let Some(status) = result.status_code {
@@ -490,7 +539,7 @@ async fn exchange(
     }
     Ok(Answer {
         status,
-        body: String::from_utf8_lossy(&body).into_owned(),
+        body: tocsin_domain::text::storable(&body),
         truncated,
         body_error,
     })
@@ -514,9 +563,18 @@ fn classify(error: &reqwest::Error) -> (AttemptError, String) {
     let lower = chain.to_ascii_lowercase();
     let kind = kind.unwrap_or(if error.is_timeout() {
         AttemptError::Timeout
-    } else if lower.contains("certificate") || lower.contains("tls") || lower.contains("handshake")
+    } else if lower.contains("certificate")
+        || lower.contains("tls")
+        || lower.contains("handshake")
+        // rustls: the target answered the handshake with something that is not TLS.
+        || lower.contains("corrupt message")
+        || lower.contains("fatal alert")
     {
         AttemptError::Tls
+    } else if lower.contains("message head") || lower.contains("invalid http") {
+        // An answer the client cannot read as HTTP (hundreds of headers, a garbled status
+        // line): the connection neither was refused nor broke.
+        AttemptError::Other
     } else if error.is_connect() || error.is_request() || error.is_body() {
         AttemptError::Connect
     } else {

@@ -18,6 +18,7 @@ pub(crate) struct DispatcherMetrics {
     pub parked: IntCounterVec,
     pub swept: IntCounter,
     pub waited: IntCounter,
+    pub database_errors: IntCounterVec,
     pub queue_messages: IntGaugeVec,
     pub unfinished: IntGaugeVec,
     pub auto_disabled: IntCounter,
@@ -76,6 +77,13 @@ impl DispatcherMetrics {
             "tocsin_dispatcher_swept_total",
             "Overdue deliveries re-enqueued by the sweeper.",
         )?;
+        let database_errors = IntCounterVec::new(
+            Opts::new(
+                "tocsin_dispatcher_database_errors_total",
+                "Database errors met by the dispatcher's handlers, by class: transient (an outage, tried again with backoff) or permanent (the item's own error: that item fails alone).",
+            ),
+            &["class"],
+        )?;
         let waited = IntCounter::new(
             "tocsin_dispatcher_waited_total",
             "Deliveries that became waiting because their webhook had TOCSIN_WEBHOOK_CONCURRENCY requests in flight in this dispatcher.",
@@ -126,6 +134,7 @@ impl DispatcherMetrics {
         registry.register(Box::new(queue_messages.clone()))?;
         registry.register(Box::new(unfinished.clone()))?;
         registry.register(Box::new(attempts.clone()))?;
+        registry.register(Box::new(database_errors.clone()))?;
         registry.register(Box::new(attempt_duration.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(lag.clone()))?;
@@ -152,6 +161,7 @@ impl DispatcherMetrics {
             parked,
             swept,
             waited,
+            database_errors,
             queue_messages,
             unfinished,
             auto_disabled,

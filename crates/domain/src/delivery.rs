@@ -197,11 +197,15 @@ pub enum AttemptError {
     /// The dispatcher making the attempt stopped before it could record the answer: the
     /// request may or may not have reached the target.
     Interrupted,
+    /// No request was sent: the dispatcher that claimed the attempt had no free slot of the
+    /// webhook, or no request permit, before the attempt's lease would have ended (a request
+    /// never goes out past its lease). It counts as a failed attempt and follows the schedule.
+    NotSent,
     Other,
 }
 
 impl AttemptError {
-    pub const ALL: [AttemptError; 9] = [
+    pub const ALL: [AttemptError; 10] = [
         AttemptError::Timeout,
         AttemptError::Connect,
         AttemptError::Dns,
@@ -210,6 +214,7 @@ impl AttemptError {
         AttemptError::HttpStatus,
         AttemptError::Redirect,
         AttemptError::Interrupted,
+        AttemptError::NotSent,
         AttemptError::Other,
     ];
 
@@ -223,6 +228,7 @@ impl AttemptError {
             AttemptError::HttpStatus => "http_status",
             AttemptError::Redirect => "redirect",
             AttemptError::Interrupted => "interrupted",
+            AttemptError::NotSent => "not_sent",
             AttemptError::Other => "other",
         }
     }

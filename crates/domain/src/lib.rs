@@ -15,6 +15,7 @@ mod secret;
 mod severity;
 pub mod signing;
 mod subscription;
+pub mod text;
 mod token;
 mod webhook;
 

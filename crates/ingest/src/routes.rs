@@ -57,7 +57,7 @@ pub enum IngestError {
 
 impl From<DbError> for IngestError {
     fn from(error: DbError) -> Self {
-        if error.is_unavailable() {
+        if error.is_transient() {
             IngestError::Unavailable
         } else {
             IngestError::Storage(error)
@@ -97,7 +97,18 @@ impl From<IngestError> for ApiError {
                 ApiError::invalid(field, message)
             }
             IngestError::Unavailable => ApiError::unavailable(RETRY_AFTER_UNAVAILABLE),
-            IngestError::Storage(error) => ApiError::internal(&error),
+            IngestError::Storage(error) => {
+                // This alert's own error (the database refused what it holds): trying it again
+                // would fail again, so no `Retry-After`; the other alerts of its batch went on.
+                tracing::error!(%error, "an alert could not be stored; nothing of it was recorded");
+                ApiError::new(
+                    actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "alert_not_stored",
+                    format!(
+                        "the database refused this alert, and nothing of it was recorded: {error}"
+                    ),
+                )
+            }
         }
     }
 }

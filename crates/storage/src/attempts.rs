@@ -15,7 +15,6 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::deliveries::{millis, Delivery, DeliveryRow};
-use crate::schema::{deliveries, events, webhooks};
 use crate::statement::Statement;
 use crate::webhooks::{Webhook, WebhookRow};
 use crate::DbError;
@@ -60,12 +59,38 @@ pub struct Job {
     pub test: bool,
 }
 
+/// A delivery whose attempt was just claimed, with what making the attempt needs: what
+/// `sql/claim.sql` and `sql/fan_out.sql` answer.
 #[derive(QueryableByName)]
-struct ClaimedRow {
-    #[diesel(sql_type = SqlUuid)]
-    id: Uuid,
-    #[diesel(sql_type = Int4)]
-    number: i32,
+pub(crate) struct JobRow {
+    #[diesel(embed)]
+    pub(crate) delivery: DeliveryRow,
+    /// The webhook's row, as JSON.
+    #[diesel(sql_type = Text)]
+    webhook: String,
+    #[diesel(sql_type = Text)]
+    body: String,
+    #[diesel(sql_type = Timestamptz)]
+    occurred_at: OffsetDateTime,
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    test_webhook_id: Option<Uuid>,
+}
+
+impl JobRow {
+    /// The job of the attempt claimed on `delivery` (the row's delivery, converted).
+    pub(crate) fn into_job(self, delivery: Delivery, trigger: Trigger) -> Result<Job, DbError> {
+        let webhook: WebhookRow = serde_json::from_str(&self.webhook)
+            .map_err(|e| DbError::Corrupt(format!("webhook {}: {e}", delivery.webhook_id)))?;
+        Ok(Job {
+            number: delivery.attempt_count,
+            delivery,
+            webhook: webhook.try_into()?,
+            trigger,
+            body: self.body,
+            occurred_at: self.occurred_at,
+            test: self.test_webhook_id.is_some(),
+        })
+    }
 }
 
 /// Claims attempts (the dispatcher gathers those of concurrent workers): each admitted claim
@@ -103,7 +128,7 @@ async fn claim_round(
     let ids: Vec<Uuid> = round.iter().map(|c| c.delivery_id).collect();
     let triggers: Vec<&str> = round.iter().map(|c| c.trigger.as_str()).collect();
     let expected: Vec<i32> = round.iter().map(|c| c.expected_auto_attempts).collect();
-    let claimed: Vec<ClaimedRow> = Statement::new(include_str!("sql/claim.sql"))
+    let claimed: Vec<JobRow> = Statement::new(include_str!("sql/claim.sql"))
         .bind::<Array<SqlUuid>, _>(&ids)
         .bind::<Array<Text>, _>(&triggers)
         .bind::<Array<Int4>, _>(&expected)
@@ -112,70 +137,18 @@ async fn claim_round(
         .bind::<BigInt, _>(millis(rules.early))
         .load(conn)
         .await?;
-    let claimed: Vec<(Uuid, i32, Trigger)> = round
-        .iter()
-        .filter_map(|claim| {
-            let row = claimed.iter().find(|row| row.id == claim.delivery_id)?;
-            Some((row.id, row.number, claim.trigger))
-        })
-        .collect();
-    let mut jobs = load_jobs(conn, &claimed).await?;
+    let mut jobs = HashMap::with_capacity(claimed.len());
+    for row in claimed {
+        let delivery: Delivery = row.delivery.clone().try_into()?;
+        let Some(claim) = round.iter().find(|c| c.delivery_id == delivery.id) else {
+            continue;
+        };
+        jobs.insert(delivery.id, row.into_job(delivery, claim.trigger)?);
+    }
     Ok(round
         .iter()
         .map(|claim| jobs.remove(&claim.delivery_id))
         .collect())
-}
-
-/// Loads what making each claimed attempt (delivery id, attempt number, trigger) needs, in one
-/// query.
-async fn load_jobs(
-    conn: &mut AsyncPgConnection,
-    claimed: &[(Uuid, i32, Trigger)],
-) -> Result<HashMap<Uuid, Job>, DbError> {
-    if claimed.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let ids: Vec<Uuid> = claimed.iter().map(|(id, _, _)| *id).collect();
-    let rows: Vec<(
-        DeliveryRow,
-        WebhookRow,
-        String,
-        OffsetDateTime,
-        Option<Uuid>,
-    )> = deliveries::table
-        .inner_join(webhooks::table)
-        .inner_join(events::table)
-        .filter(deliveries::id.eq_any(&ids))
-        .select((
-            DeliveryRow::as_select(),
-            WebhookRow::as_select(),
-            events::body,
-            events::occurred_at,
-            events::test_webhook_id,
-        ))
-        .load(conn)
-        .await?;
-    let mut jobs = HashMap::with_capacity(rows.len());
-    for (delivery, webhook, body, occurred_at, test_webhook_id) in rows {
-        let delivery: Delivery = delivery.try_into()?;
-        let Some(&(_, number, trigger)) = claimed.iter().find(|(id, _, _)| *id == delivery.id)
-        else {
-            continue;
-        };
-        jobs.insert(
-            delivery.id,
-            Job {
-                delivery,
-                webhook: webhook.try_into()?,
-                number,
-                trigger,
-                body,
-                occurred_at,
-                test: test_webhook_id.is_some(),
-            },
-        );
-    }
-    Ok(jobs)
 }
 
 /// What an attempt's request brought back, or why it has none.
@@ -192,6 +165,20 @@ pub struct AttemptResult {
 }
 
 impl AttemptResult {
+    /// The result of an attempt that had no room to be sent within its lease
+    /// ([`AttemptError::NotSent`]).
+    pub fn not_sent(waited_ms: u32) -> Self {
+        AttemptResult {
+            error: Some(AttemptError::NotSent),
+            error_detail: Some(format!(
+                "no request was sent: the dispatcher had no free slot of this webhook or request \
+                 permit within {waited_ms} ms of the claim, and a request never goes out past \
+                 its attempt's lease"
+            )),
+            ..AttemptResult::interrupted()
+        }
+    }
+
     /// The result of an attempt whose dispatcher stopped before recording it.
     pub fn interrupted() -> Self {
         AttemptResult {

@@ -388,28 +388,47 @@ async fn read_detail(conn: &mut AsyncPgConnection, id: Uuid) -> Result<DeliveryD
     })
 }
 
-/// Failed deliveries of a webhook created since `since` (for bulk recovery).
-pub async fn failed_since(
+/// A page of the failed deliveries of a webhook created since a time, oldest first (for bulk
+/// recovery, which works through any number of them a page at a time): at most `limit` after
+/// `after` (a creation time and id; the first page starts at `(since, nil)`), with the
+/// position of the last.
+pub async fn failed_page(
     conn: &mut AsyncPgConnection,
     webhook_id: Uuid,
-    since: OffsetDateTime,
-) -> Result<Vec<Uuid>, DbError> {
-    Ok(deliveries::table
+    after: Cursor,
+    limit: i64,
+) -> Result<(Vec<Uuid>, Option<Cursor>), DbError> {
+    let rows: Vec<(Uuid, OffsetDateTime)> = deliveries::table
         .filter(deliveries::webhook_id.eq(webhook_id))
         .filter(deliveries::state.eq(DeliveryState::Failed.as_str()))
-        .filter(deliveries::created_at.ge(since))
-        .select(deliveries::id)
+        .filter(
+            diesel::dsl::sql::<diesel::sql_types::Bool>(
+                "(deliveries.created_at, deliveries.id) > (",
+            )
+            .bind::<diesel::sql_types::Timestamptz, _>(after.at)
+            .sql(", ")
+            .bind::<SqlUuid, _>(after.id)
+            .sql(")"),
+        )
+        .order((deliveries::created_at.asc(), deliveries::id.asc()))
+        .limit(limit)
+        .select((deliveries::id, deliveries::created_at))
         .load(conn)
-        .await?)
+        .await?;
+    let last = rows.last().map(|&(id, at)| Cursor::new(at, id));
+    Ok((rows.into_iter().map(|(id, _)| id).collect(), last))
 }
 
-/// Makes the deliveries of a webhook created since `since` that wait because it was disabled
-/// when their events came due now (`pending`, or `retrying` after an earlier attempt), and
-/// returns them, for their attempts to be enqueued (bulk recovery once it is enabled again).
+/// Makes up to `limit` of the deliveries of a webhook created since `since` that wait because
+/// it was disabled when their events came due now (`pending`, or `retrying` after an earlier
+/// attempt), and returns them, for their attempts to be enqueued (bulk recovery once it is
+/// enabled again, a page at a time: those made due no longer wait, so the next page is the
+/// next ones).
 pub async fn recover_disabled(
     conn: &mut AsyncPgConnection,
     webhook_id: Uuid,
     since: OffsetDateTime,
+    limit: i64,
 ) -> Result<Vec<Due>, DbError> {
     Ok(Statement::new(
         "UPDATE deliveries d SET
@@ -419,11 +438,12 @@ WHERE d.id IN (
     SELECT id FROM deliveries
     WHERE webhook_id = $1 AND state = 'waiting' AND wait_reason = 'webhook_disabled'
         AND created_at >= $2
-    ORDER BY id FOR UPDATE)
+    ORDER BY id LIMIT $3 FOR UPDATE)
 RETURNING d.id AS delivery_id, d.webhook_id, d.auto_attempts",
     )
     .bind::<SqlUuid, _>(webhook_id)
     .bind::<diesel::sql_types::Timestamptz, _>(since)
+    .bind::<diesel::sql_types::BigInt, _>(limit)
     .load(conn)
     .await?)
 }

@@ -5,16 +5,14 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use diesel::prelude::*;
-use diesel::sql_types::{Array, BigInt, Bool, Int8, Nullable, Text, Timestamptz};
+use diesel::sql_types::{Array, BigInt, Bool, Int8, Nullable, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::attempts::Job;
-use crate::deliveries::{millis, Delivery, DeliveryRow, Due};
+use crate::attempts::{Job, JobRow};
+use crate::deliveries::{millis, Delivery, Due};
 use crate::schema::deliveries;
 use crate::statement::Statement;
-use crate::webhooks::WebhookRow;
 use crate::DbError;
 pub use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger, WaitReason};
 use tocsin_domain::EventKind;
@@ -58,22 +56,6 @@ pub struct FanOutRules {
     pub lease_margin: Duration,
 }
 
-/// A delivery a fan-out created, with what making its first attempt needs.
-#[derive(QueryableByName)]
-struct CreatedRow {
-    #[diesel(embed)]
-    delivery: DeliveryRow,
-    /// The webhook's row, as JSON.
-    #[diesel(sql_type = Text)]
-    webhook: String,
-    #[diesel(sql_type = Text)]
-    body: String,
-    #[diesel(sql_type = Timestamptz)]
-    occurred_at: OffsetDateTime,
-    #[diesel(sql_type = Nullable<SqlUuid>)]
-    test_webhook_id: Option<Uuid>,
-}
-
 /// Fans out several events with one statement (the dispatcher gathers the events it receives
 /// concurrently; see `sql/fan_out.sql`): `room` lists the webhooks the caller has room for only
 /// so many more attempts to, and the deliveries beyond it start `waiting`; the others start
@@ -100,7 +82,7 @@ pub async fn fan_out(
     let kinds: Vec<&str> = firsts.iter().map(|e| e.kind.as_str()).collect();
     let incidents: Vec<Uuid> = firsts.iter().map(|e| e.incident_id).collect();
     let tests: Vec<Option<Uuid>> = firsts.iter().map(|e| e.test_webhook_id).collect();
-    let created: Vec<CreatedRow> = Statement::new(include_str!("sql/fan_out.sql"))
+    let created: Vec<JobRow> = Statement::new(include_str!("sql/fan_out.sql"))
         .bind::<Array<SqlUuid>, _>(&ids)
         .bind::<Array<Text>, _>(&kinds)
         .bind::<Array<SqlUuid>, _>(&incidents)
@@ -116,7 +98,7 @@ pub async fn fan_out(
         let Some(&index) = first_copy.get(&row.delivery.event_id) else {
             continue;
         };
-        let delivery: Delivery = row.delivery.try_into()?;
+        let delivery: Delivery = row.delivery.clone().try_into()?;
         if delivery.state == DeliveryState::Waiting {
             if delivery.wait_reason == Some(WaitReason::WebhookDisabled) {
                 results[index].disabled += 1;
@@ -124,17 +106,9 @@ pub async fn fan_out(
                 results[index].waiting += 1;
             }
         } else if delivery.attempt_count == 1 {
-            let webhook: WebhookRow = serde_json::from_str(&row.webhook)
-                .map_err(|e| DbError::Corrupt(format!("webhook {}: {e}", delivery.webhook_id)))?;
-            results[index].claimed.push(Job {
-                delivery,
-                webhook: webhook.try_into()?,
-                number: 1,
-                trigger: Trigger::Automatic,
-                body: row.body,
-                occurred_at: row.occurred_at,
-                test: row.test_webhook_id.is_some(),
-            });
+            results[index]
+                .claimed
+                .push(row.into_job(delivery, Trigger::Automatic)?);
         } else {
             results[index].pending.push(Due {
                 delivery_id: delivery.id,

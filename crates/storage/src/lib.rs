@@ -91,42 +91,84 @@ where
 }
 
 impl DbError {
-    /// Whether trying again later may succeed: the database was unreachable, the connection
-    /// broke or a serialization failure occurred — not a missing row, bad data or a violated
-    /// constraint.
+    /// Whether this is an outage that trying again later may get past (retried with backoff,
+    /// answered 503 with `Retry-After`, shown by `/readyz`), as opposed to an error of the item
+    /// itself (bad data, a violated constraint, a statement's bug), which fails that item alone:
+    /// tried again, it would fail again. See [`transient`] for the conditions.
     pub fn is_transient(&self) -> bool {
-        use diesel::result::{DatabaseErrorKind as K, Error as E};
         match self {
             DbError::Unavailable(_) => true,
             DbError::NotFound | DbError::Corrupt(_) => false,
-            DbError::Query(E::NotFound) => false,
-            DbError::Query(E::DatabaseError(
-                K::UniqueViolation
-                | K::ForeignKeyViolation
-                | K::NotNullViolation
-                | K::CheckViolation,
-                _,
-            )) => false,
-            DbError::Query(E::DeserializationError(_) | E::SerializationError(_)) => false,
-            DbError::Query(_) => true,
+            DbError::Query(error) => transient(error),
         }
     }
+}
 
-    /// Whether the database could not be reached (as opposed to a query's own failure).
-    pub fn is_unavailable(&self) -> bool {
-        match self {
-            DbError::Unavailable(_) => true,
-            DbError::NotFound | DbError::Corrupt(_) => false,
-            DbError::Query(error) => matches!(
-                error,
-                diesel::result::Error::DatabaseError(
-                    diesel::result::DatabaseErrorKind::ClosedConnection
-                        | diesel::result::DatabaseErrorKind::UnableToSendCommand,
-                    _
-                ) | diesel::result::Error::BrokenTransactionManager
-            ),
-        }
+/// Whether a query error is an outage: the connection could not be used (lost, closed, never
+/// sent), the server is shutting down, starting or in recovery, out of connections, memory or
+/// disk, or the statement lost a race it may win next time (serialization failure, deadlock,
+/// lock or statement timeout, a read-only server after a failover). Everything else is the
+/// item's own error.
+///
+/// diesel names the SQLSTATE of only a few kinds (`SerializationFailure` 40001,
+/// `ReadOnlyTransaction` 25006, the constraint violations); the server's other errors reach
+/// us as `Unknown` with their message, and no code (diesel 2.3 has no accessor for it). Those
+/// are recognised by the server's message ([`TRANSIENT_MESSAGES`], each with its SQLSTATE).
+pub fn transient(error: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind as K, Error as E};
+    match error {
+        E::DatabaseError(kind, info) => match kind {
+            K::ClosedConnection
+            | K::UnableToSendCommand
+            | K::SerializationFailure
+            | K::ReadOnlyTransaction => true,
+            K::UniqueViolation
+            | K::ForeignKeyViolation
+            | K::NotNullViolation
+            | K::CheckViolation
+            | K::RestrictViolation
+            | K::ExclusionViolation => false,
+            _ => transient_message(info.message()),
+        },
+        E::BrokenTransactionManager => true,
+        E::RollbackErrorOnCommit { commit_error, .. } => transient(commit_error),
+        _ => false,
     }
+}
+
+/// The server's messages (in English, as PostgreSQL words them) of the outages diesel does not
+/// name, each with its SQLSTATE. A server whose `lc_messages` is not English words them
+/// otherwise: there, these too count as the item's own error (the item fails with the
+/// message instead of being tried again).
+pub const TRANSIENT_MESSAGES: [(&str, &str); 13] = [
+    ("40P01", "deadlock detected"),
+    ("55P03", "could not obtain lock"),
+    ("55P03", "canceling statement due to lock timeout"),
+    ("57014", "canceling statement due to statement timeout"),
+    ("40001", "canceling statement due to conflict with recovery"),
+    (
+        "57P01",
+        "terminating connection due to administrator command",
+    ),
+    (
+        "57P02",
+        "terminating connection because of crash of another server process",
+    ),
+    ("57P03", "the database system is "),
+    (
+        "25P03",
+        "terminating connection due to idle-in-transaction timeout",
+    ),
+    ("53300", "too many clients already"),
+    ("53300", "remaining connection slots are reserved"),
+    ("53200", "out of memory"),
+    ("53100", "could not extend file"),
+];
+
+fn transient_message(message: &str) -> bool {
+    TRANSIENT_MESSAGES
+        .iter()
+        .any(|(_, start)| message.starts_with(start))
 }
 
 /// The future of a repository function over a batch of items, boxed so that [`run_batch`]

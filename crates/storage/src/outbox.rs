@@ -161,12 +161,24 @@ pub async fn enqueue_automatic(
     enqueue(conn, messages.collect()).await
 }
 
-/// Records a request for one immediate attempt of a delivery (a manual retry).
+/// Records a request for one immediate attempt of each delivery (a manual retry): marks each
+/// delivery as having a manual attempt asked for (`manual_requested`, which the attempt's claim
+/// clears: one request, one attempt, however often its message is delivered) and writes its
+/// message. Call it in the caller's transaction, so that both commit together.
 pub async fn enqueue_attempt(
     conn: &mut AsyncPgConnection,
     delivery_ids: &[Uuid],
     trigger: Trigger,
 ) -> Result<(), DbError> {
+    if trigger == Trigger::Manual {
+        diesel::update(
+            crate::schema::deliveries::table
+                .filter(crate::schema::deliveries::id.eq_any(delivery_ids)),
+        )
+        .set(crate::schema::deliveries::manual_requested.eq(true))
+        .execute(conn)
+        .await?;
+    }
     let headers = serde_json::json!({ tocsin_broker::messages::TRIGGER_HEADER: trigger.as_str() });
     let messages = delivery_ids.iter().map(|id| {
         let message = DeliveryMessage {

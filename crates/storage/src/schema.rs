@@ -103,6 +103,7 @@ diesel::table! {
         updated_at -> Timestamptz,
         wait_reason -> Nullable<Text>,
         attempting_until -> Nullable<Timestamptz>,
+        manual_requested -> Bool,
     }
 }
 

@@ -1,6 +1,7 @@
 //! Test kit for Tocsin's integration tests: each test gets its own PostgreSQL database (cloned
 //! from a migrated template) and its own AMQP prefix (its queues removed afterwards), real HTTP
-//! receivers on loopback that record requests and answer as told, a TCP proxy that can cut a
+//! receivers on loopback that record requests and answer as told (a raw one, [`raw_receiver`],
+//! answering in bytes no HTTP server library would send), a TCP proxy that can cut a
 //! test's connections to PostgreSQL or RabbitMQ, waiting on conditions with a deadline, the
 //! service binaries as processes, and the strategies the fuzz tests share ([`fuzz`]).
 //!
@@ -15,6 +16,7 @@ pub mod deliveries;
 pub mod fuzz;
 mod process;
 mod proxy;
+pub mod raw_receiver;
 mod receiver;
 pub mod servers;
 mod wait;
@@ -23,6 +25,7 @@ pub use broker::{amqp_url, management_api, TestPrefix};
 pub use database::{database_server_url, TestDb};
 pub use process::{binary, free_port, wait_ready, ServiceProcess};
 pub use proxy::TcpProxy;
+pub use raw_receiver::{RawBehavior, RawReceiver, RawRequest};
 pub use receiver::{Behavior, Received, Receiver};
 pub use wait::{wait_for, wait_until, within};
 

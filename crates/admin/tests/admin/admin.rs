@@ -1392,6 +1392,88 @@ async fn a_recovery_meeting_a_disabling_waits_for_it_and_refuses() {
     assert!(admin.manual_retry_outbox_rows().await.is_empty());
 }
 
+/// A retry takes the webhook's row lock as recover does: one that meets a disabling under way
+/// waits for it and is refused (409), where it used to check "enabled" before and enqueue the
+/// disabled webhook's attempt.
+#[tokio::test]
+async fn a_retry_meeting_a_disabling_waits_for_it_and_refuses() {
+    let admin = TestAdmin::start().await;
+    let webhook = id_of(&admin.create_webhook("ops").await);
+    let mut conn = admin.conn().await;
+    let delivery = seed_failed_delivery(&mut conn, webhook).await;
+    let mut disabling = admin.conn().await;
+    diesel::sql_query("BEGIN")
+        .execute(&mut disabling)
+        .await
+        .unwrap();
+    diesel::sql_query("UPDATE webhooks SET enabled = false WHERE id = $1")
+        .bind::<SqlUuid, _>(webhook)
+        .execute(&mut disabling)
+        .await
+        .unwrap();
+    let (path, body) = (format!("/api/v1/deliveries/{delivery}/retry"), json!({}));
+    let retry = admin.post(&path, &body);
+    let commit = async {
+        wait_until("the retry to wait for the webhook's row", DEADLINE, || async {
+            admin
+                .count("pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+                .await
+                == 1
+        })
+        .await;
+        diesel::sql_query("COMMIT")
+            .execute(&mut disabling)
+            .await
+            .unwrap();
+    };
+    let ((status, body), ()) = tokio::join!(retry, commit);
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(admin.manual_retry_outbox_rows().await.is_empty());
+}
+
+/// Recover works through any number of failed deliveries a page at a time (1 000 per
+/// transaction): 2 500 are each asked for once.
+#[tokio::test]
+async fn recovery_works_through_a_backlog_in_pages() {
+    let admin = TestAdmin::start().await;
+    let webhook = id_of(&admin.create_webhook("ops").await);
+    let mut conn = admin.conn().await;
+    let one = seed_failed_delivery(&mut conn, webhook).await;
+    // 2 499 more failed deliveries like the first, each of an event of its own.
+    diesel::sql_query(format!(
+        "WITH e AS (
+            INSERT INTO events (id, kind, incident_id, occurred_at, body)
+            SELECT gen_random_uuid(), kind, incident_id, occurred_at, body
+            FROM events, generate_series(1, 2499)
+            WHERE id = (SELECT event_id FROM deliveries WHERE id = '{one}')
+            RETURNING id)
+         INSERT INTO deliveries (id, webhook_id, event_id, event, incident_id, state,
+             attempt_count, auto_attempts, created_at, updated_at)
+         SELECT gen_random_uuid(), d.webhook_id, e.id, d.event, d.incident_id, 'failed', 1, 1,
+             now(), now()
+         FROM e, deliveries d WHERE d.id = '{one}'"
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let since = rfc3339(OffsetDateTime::now_utc() - time::Duration::days(1));
+    let (status, body) = admin
+        .post(
+            &format!("/api/v1/webhooks/{webhook}/recover"),
+            &json!({"since": since}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body, json!({"retried": 2500, "sent_waiting": 0}));
+    let rows = admin.manual_retry_outbox_rows().await;
+    let distinct: BTreeSet<String> = rows
+        .iter()
+        .map(|(_, payload)| payload.to_string())
+        .collect();
+    assert_eq!((rows.len(), distinct.len()), (2500, 2500));
+    assert_eq!(admin.count("deliveries WHERE manual_requested").await, 2500);
+}
+
 #[tokio::test]
 async fn bulk_recovery_retries_the_failed_deliveries_since_a_time() {
     let admin = TestAdmin::start().await;

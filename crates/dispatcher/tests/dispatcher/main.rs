@@ -4,4 +4,5 @@
 
 mod common;
 mod delivery;
+mod hostile;
 mod process;

@@ -367,6 +367,82 @@ async fn fifty_concurrent_requests_with_one_new_key_open_one_incident() {
     ingest.stop().await;
 }
 
+/// One alert the database refuses (here, a trigger of the test's own database refuses its
+/// key) in a burst of 64 concurrent alerts, which ingest writes in shared batches: the 63 others
+/// are accepted and recorded; the poison one gets a 500 that names the problem and no
+/// `Retry-After` (trying it again would fail again), and nothing of it is recorded. On a
+/// classification that takes every query error for an outage, its whole batch got 503.
+#[tokio::test]
+async fn a_poison_alert_fails_alone_and_the_rest_of_its_burst_is_accepted() {
+    let ingest = TestIngest::start().await;
+    let mut conn = ingest.conn().await;
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut conn,
+        "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'poisoned alert' USING ERRCODE = '22023'; END $$;
+         CREATE TRIGGER poison BEFORE INSERT ON incidents
+         FOR EACH ROW WHEN (NEW.dedup_key LIKE '%poison%') EXECUTE FUNCTION poison();",
+    )
+    .await
+    .unwrap();
+    let bodies: Vec<String> = (0..64)
+        .map(|i| {
+            let key = if i == 17 {
+                "poison".to_owned()
+            } else {
+                format!("key-{i}")
+            };
+            json!({"title": format!("alert {i}"), "dedup_key": key}).to_string()
+        })
+        .collect();
+    let answers: Vec<(StatusCode, Option<String>, Value)> =
+        futures::future::join_all(bodies.iter().map(|body| async {
+            let response = ingest
+                .client
+                .post(format!("{}/api/v1/webhooks/alerts", ingest.base))
+                .header("content-type", "application/json")
+                .bearer_auth(&ingest.token)
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned());
+            (
+                response.status(),
+                retry_after,
+                response.json().await.unwrap(),
+            )
+        }))
+        .await;
+    for (i, (status, retry_after, body)) in answers.iter().enumerate() {
+        if i == 17 {
+            assert_eq!(*status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+            assert_eq!(*retry_after, None);
+            assert_eq!(body["error"]["code"], "alert_not_stored", "{body}");
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("poisoned alert"),
+                "{body}"
+            );
+        } else {
+            assert_eq!(*status, StatusCode::ACCEPTED, "alert {i}: {body}");
+        }
+    }
+    assert_eq!(ingest.count("incidents").await, 63);
+    assert_eq!(
+        ingest
+            .count("incidents WHERE dedup_key LIKE '%poison%'")
+            .await,
+        0
+    );
+    ingest.stop().await;
+}
+
 #[tokio::test]
 async fn every_refusal_answers_its_status_and_writes_nothing() {
     let ingest = TestIngest::start_with(

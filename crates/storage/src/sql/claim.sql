@@ -20,14 +20,20 @@
 -- (`next_attempt_at`); the waiting pass takes it then.
 --
 -- A manual attempt is admitted for an enabled, undeleted webhook's delivery unless it has
--- succeeded; it moves neither the automatic attempt count nor the schedule, nor the budget.
+-- succeeded, and only while a manual attempt is asked for (`manual_requested`, set by the
+-- request and cleared by this claim: one request, one attempt, however often its message is
+-- delivered); it moves neither the automatic attempt count nor the schedule, nor the budget.
+--
+-- Each admitted claim answers with everything making its attempt needs (the delivery, its
+-- webhook's row as JSON, the event's body), so that claiming and loading are one step.
 --
 -- The guards read the delivery rows as locked (their latest versions), never an older
 -- snapshot of them.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::int4[]) AS v(id, trigger, expected)
 ), locked AS (
-    SELECT d.id, d.webhook_id, d.state, d.attempting_until, d.auto_attempts, d.next_attempt_at
+    SELECT d.id, d.webhook_id, d.state, d.attempting_until, d.auto_attempts, d.next_attempt_at,
+        d.manual_requested
     FROM deliveries d JOIN input v ON v.id = d.id ORDER BY d.id FOR UPDATE OF d
 ), eligible AS (
     SELECT l.id, l.webhook_id, v.trigger, w.timeout_ms,
@@ -41,7 +47,7 @@ WITH input AS (
                 AND l.auto_attempts = v.expected
                 AND l.auto_attempts < least(w.max_attempts, $5)
                 AND l.next_attempt_at <= now() + $6 * interval '1 millisecond'
-            ELSE l.state <> 'succeeded'
+            ELSE l.state <> 'succeeded' AND l.manual_requested
         END
 ), budget AS (
     SELECT b.webhook_id, greatest(b.next_free_at, now()) AS free_at
@@ -84,13 +90,15 @@ WITH input AS (
         next_attempt_at = CASE WHEN j.trigger = 'automatic'
             THEN now() + (j.timeout_ms + $4) * interval '1 millisecond'
             ELSE d.next_attempt_at END,
+        manual_requested = d.manual_requested AND j.trigger <> 'manual',
         updated_at = now()
     FROM judged j
     WHERE d.id = j.id AND j.admitted
-    RETURNING d.id, d.attempt_count, d.auto_attempts
+    RETURNING d.*
 ), logged AS (
     INSERT INTO attempts (delivery_id, number, trigger, started_at, request_headers)
     SELECT c.id, c.attempt_count, v.trigger, now(), '{}'::jsonb
     FROM claimed c JOIN input v ON v.id = c.id
 )
-SELECT c.id, c.attempt_count AS number, c.auto_attempts FROM claimed c
+SELECT c.*, row_to_json(w)::text AS webhook, e.body, e.occurred_at, e.test_webhook_id
+FROM claimed c JOIN webhooks w ON w.id = c.webhook_id JOIN events e ON e.id = c.event_id

@@ -2,6 +2,7 @@
 //! concern, each opening with what it covers. One module alone:
 //! `cargo nextest run -p tocsin-storage -E 'test(/^storage::/)'`.
 
+mod errors;
 mod relay;
 mod storage;
 mod subscription;

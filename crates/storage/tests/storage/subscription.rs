@@ -318,7 +318,7 @@ async fn deliveries_that_waited_while_disabled_are_recovered_since_a_time() {
         },
     )
     .await;
-    let recovered = deliveries::recover_disabled(&mut conn, webhook.id, since)
+    let recovered = deliveries::recover_disabled(&mut conn, webhook.id, since, 1000)
         .await
         .unwrap();
     assert_eq!(recovered.len(), 1, "only the one created since then");
@@ -419,7 +419,7 @@ async fn an_enabling_waits_for_a_fan_out_to_the_disabled_webhook() {
             ..Default::default()
         };
         change(&mut enabling, id, changes).await;
-        deliveries::recover_disabled(&mut enabling, id, since)
+        deliveries::recover_disabled(&mut enabling, id, since, 1000)
             .await
             .unwrap()
     });
@@ -500,6 +500,7 @@ async fn a_rate_limited_webhooks_claims_share_one_budget() {
         "{before} {due:?}"
     );
     // A manual attempt is an operator's: it spends no budget.
+    crate::storage::request_manual(&mut conn, &[ids[5]]).await;
     let manual = attempts::claim(
         &mut conn,
         &[Claim {

@@ -1,0 +1,6 @@
+-- One press of Retry, one request: a manual attempt is claimed only while its delivery has a
+-- manual attempt asked for (`manual_requested`), and the claim clears it, so that a manual
+-- message redelivered by the broker or published twice by the relay sends nothing more.
+-- Manual messages already in the queues when this migration runs find the mark unset and are
+-- refused: ask for those retries again.
+ALTER TABLE deliveries ADD COLUMN manual_requested boolean NOT NULL DEFAULT false;
