@@ -1021,3 +1021,50 @@ async fn metrics_show_queue_depths_and_the_unfinished_backlog() {
     .await;
     harness.stop().await;
 }
+
+/// A lease is a promise: a first attempt claimed by the fan-out that has no request permit
+/// within one timeout of its claim sends nothing, is recorded `not_sent`, and follows the
+/// schedule (here, one attempt allowed: `failed`). Its target never gets the request, even once
+/// a permit is free. Before, it waited however long and sent after the sweeper could have taken
+/// it for lost.
+#[tokio::test]
+async fn a_first_attempt_with_no_room_within_its_lease_is_not_sent() {
+    let mut harness = Harness::without_dispatcher(FAST_RETRY_DELAYS).await;
+    harness
+        .add_dispatcher(|config| config.concurrency = 1)
+        .await;
+    let hanging = Receiver::start_with(Behavior::Hang).await;
+    let healthy = Receiver::start().await;
+    let holder = harness
+        .webhook(
+            &hanging.url("/hang"),
+            &[EventKind::IncidentOpened],
+            1,
+            4_000,
+        )
+        .await;
+    let late = harness
+        .webhook(
+            &healthy.url("/late"),
+            &[EventKind::IncidentResolved],
+            1,
+            1_000,
+        )
+        .await;
+    harness.open("lease").await;
+    // The one request permit is taken by the hanging target for its timeout (4 s).
+    hanging.wait_for_requests(1, DEADLINE).await;
+    harness.resolve("lease").await;
+    let failed = harness.wait_state(late.id, 1, DeliveryState::Failed).await;
+    let detail = harness.detail(failed[0].id).await;
+    assert_eq!(detail.attempts.len(), 1);
+    assert_eq!(detail.attempts[0].error.as_deref(), Some("not_sent"));
+    assert_eq!(detail.attempts[0].success, Some(false));
+    // The hanging attempt ends and frees the permit: still nothing is sent for the late one.
+    harness
+        .wait_state(holder.id, 1, DeliveryState::Failed)
+        .await;
+    harness.wait_drained().await;
+    assert_eq!(healthy.count(), 0, "no request past the lease");
+    harness.stop().await;
+}

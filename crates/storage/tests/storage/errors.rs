@@ -245,3 +245,26 @@ async fn a_poison_event_fails_alone_in_its_fan_out_batch() {
     one_poisoned(&answers, 1);
     assert_eq!(db.count("deliveries").await, 2);
 }
+
+/// Every kind of failed attempt the domain names can be recorded: the table's CHECK admits each
+/// (a kind it refused would be a permanent error, and the attempt would be left to the sweeper).
+#[tokio::test]
+async fn every_attempt_error_kind_of_the_domain_is_storable() {
+    use tocsin_domain::delivery::AttemptError;
+    let db = TestDb::new().await;
+    let mut conn = db.pool().get().await.unwrap();
+    let webhook = webhook_for_every_event(&mut conn, "kinds").await;
+    for kind in AttemptError::ALL {
+        let id = delivery_to(&mut conn, kind.as_str(), webhook.id).await;
+        let job = claim_auto(&mut conn, id, 0).await.unwrap();
+        let mut failed = completion(&job, answered(500));
+        failed.result.error = Some(kind);
+        attempts::complete(&mut conn, &[failed])
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", kind.as_str()));
+    }
+    assert_eq!(
+        db.count("attempts WHERE error IS NOT NULL").await,
+        AttemptError::ALL.len() as i64
+    );
+}

@@ -4,3 +4,8 @@
 -- Manual messages already in the queues when this migration runs find the mark unset and are
 -- refused: ask for those retries again.
 ALTER TABLE deliveries ADD COLUMN manual_requested boolean NOT NULL DEFAULT false;
+
+-- `not_sent`: a claimed attempt that had no room to be sent within its lease; no request was made.
+ALTER TABLE attempts DROP CONSTRAINT attempts_error_check;
+ALTER TABLE attempts ADD CONSTRAINT attempts_error_check CHECK (error IN ('timeout', 'connect',
+    'dns', 'tls', 'blocked', 'http_status', 'redirect', 'interrupted', 'not_sent', 'other'));

@@ -1,1 +1,0 @@
-ALTER TABLE deliveries DROP COLUMN manual_requested;
