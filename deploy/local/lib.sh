@@ -95,6 +95,11 @@ ensure_python_tools() {
     python3 -m pip install -q standardwebhooks 2>/dev/null \
       || python3 -m pip install -q --break-system-packages standardwebhooks
   fi
+  if ! python3 -c 'import moto.server, flask_cors, boto3, requests' >/dev/null 2>&1; then
+    say "installing moto[server] (PyPI), the SNS emulator the ingest SNS test drives"
+    python3 -m pip install -q 'moto[server]>=5,<6' 2>/dev/null \
+      || python3 -m pip install -q --break-system-packages 'moto[server]>=5,<6'
+  fi
 }
 
 ensure_nextest() {

@@ -74,6 +74,38 @@ impl fmt::Debug for AccessToken {
     }
 }
 
+/// The secret a signing alert source signs its bodies with (Sentry's client secret), as the
+/// operator gave it: 1 to 255 characters, no control characters, surrounding spaces trimmed.
+/// `Debug` does not print it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SigningSecret(String);
+
+/// The text cannot be a signing secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("must be 1 to 255 characters without control characters")]
+pub struct InvalidSigningSecret;
+
+impl SigningSecret {
+    pub fn parse(raw: &str) -> Result<Self, InvalidSigningSecret> {
+        let text = raw.trim();
+        if text.is_empty() || text.chars().count() > 255 || text.chars().any(char::is_control) {
+            return Err(InvalidSigningSecret);
+        }
+        Ok(SigningSecret(text.to_owned()))
+    }
+
+    /// The secret itself, to store and to check signatures with.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SigningSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SigningSecret(…redacted)")
+    }
+}
+
 /// Constant-time equality of two secrets given as text (for the admin token).
 pub fn constant_time_eq(a: &str, b: &str) -> bool {
     let a = digest::digest(&digest::SHA256, a.as_bytes());
@@ -122,6 +154,21 @@ mod tests {
         let good = AccessToken::generate();
         let tampered = format!("{}!", &good.expose()[..good.expose().len() - 1]);
         assert!(AccessToken::from_presented(&tampered).is_none());
+    }
+
+    #[test]
+    fn signing_secrets_are_bounded_and_not_printed() {
+        let secret = SigningSecret::parse("  4f1c0ffee  ").unwrap();
+        assert_eq!(secret.expose(), "4f1c0ffee");
+        assert!(!format!("{secret:?}").contains("0ffee"));
+        for bad in ["", "   ", "a\nb", &"s".repeat(256)] {
+            assert_eq!(
+                SigningSecret::parse(bad),
+                Err(InvalidSigningSecret),
+                "{bad:?}"
+            );
+        }
+        assert!(SigningSecret::parse(&"s".repeat(255)).is_ok());
     }
 
     #[test]

@@ -5,8 +5,8 @@
 use tocsin_domain::AccessToken;
 use tocsin_storage::incidents::{self, AlertBody, SignalOutcome};
 use tocsin_storage::outbox::Wake;
+use tocsin_storage::tokens::LiveToken;
 use tocsin_storage::{batcher, submit, tokens, DbBatcher, DbError, DbPool};
-use uuid::Uuid;
 
 /// Most items of one operation in one statement or transaction.
 const MAX_BATCH: usize = 64;
@@ -14,7 +14,7 @@ const MAX_BATCH: usize = 64;
 const BATCH_WORKERS: usize = 4;
 
 pub struct Batched {
-    tokens: DbBatcher<AccessToken, Option<Uuid>>,
+    tokens: DbBatcher<AccessToken, Option<LiveToken>>,
     alerts: DbBatcher<AlertBody, Vec<SignalOutcome>>,
 }
 
@@ -30,8 +30,8 @@ impl Batched {
         }
     }
 
-    /// The id of the live token presented, if any ([`tokens::authenticate_all`]).
-    pub async fn authenticate(&self, presented: AccessToken) -> Result<Option<Uuid>, DbError> {
+    /// The live token presented, if any, with what it allows ([`tokens::authenticate_all`]).
+    pub async fn authenticate(&self, presented: AccessToken) -> Result<Option<LiveToken>, DbError> {
         submit(&self.tokens, presented).await
     }
 

@@ -8,10 +8,15 @@
 //! | `TOCSIN_INGEST_RATE_BURST` | `2000` | requests a token may send at once |
 //! | `TOCSIN_OUTBOX_POLL` | `1s` | fallback poll of the outbox relay |
 //! | `TOCSIN_HTTP_WORKERS` | CPU count | HTTP worker threads |
+//! | `TOCSIN_SNS_CONFIRM_HOSTS` | `sns.*.amazonaws.com,sns.*.amazonaws.com.cn` | hosts whose SNS `SubscribeURL` ingest fetches to confirm a subscription |
+//! | `TOCSIN_ALLOWED_TARGETS` | empty | CIDRs exempt from the SSRF rules for that request (as for webhook deliveries) |
 
 use std::time::Duration;
 
 use tocsin_web::config::{parse_duration_arg, CommonConfig};
+use tocsin_web::ssrf::TargetPolicy;
+
+use crate::sns::ConfirmHosts;
 
 /// `tocsin-ingest` settings.
 #[derive(Debug, Clone, clap::Parser)]
@@ -62,6 +67,16 @@ pub struct Config {
     /// HTTP worker threads (default: one per CPU).
     #[arg(long, env = "TOCSIN_HTTP_WORKERS", value_name = "TOCSIN_HTTP_WORKERS")]
     pub workers: Option<usize>,
+
+    /// The `SubscribeURL`s an SNS subscription confirmation may make ingest fetch:
+    /// comma-separated host patterns (HTTPS, `*` for one DNS label) or exact origins
+    /// (`http://127.0.0.1:4566`); empty confirms nothing.
+    #[arg(long, env = "TOCSIN_SNS_CONFIRM_HOSTS", value_name = "TOCSIN_SNS_CONFIRM_HOSTS", default_value = "sns.*.amazonaws.com,sns.*.amazonaws.com.cn", value_parser = ConfirmHosts::parse)]
+    pub sns_confirm_hosts: ConfirmHosts,
+
+    /// CIDRs exempt from the SSRF rules for the SNS confirmation request, comma-separated.
+    #[arg(long, env = "TOCSIN_ALLOWED_TARGETS", value_name = "TOCSIN_ALLOWED_TARGETS", default_value = "", value_parser = TargetPolicy::parse)]
+    pub allowed_targets: TargetPolicy,
 }
 
 impl Config {
@@ -75,6 +90,8 @@ impl Config {
             rate_burst: 0,
             outbox_poll: Duration::from_millis(500),
             workers: Some(1),
+            sns_confirm_hosts: ConfirmHosts::parse("").expect("an empty list"),
+            allowed_targets: TargetPolicy::default(),
         }
     }
 }

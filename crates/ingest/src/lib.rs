@@ -1,13 +1,17 @@
-//! `tocsin-ingest`: the inbound alert endpoint, `POST /api/v1/webhooks/alerts`.
-//! Monitoring tools post their alerts here with a bearer token; each body becomes incident
+//! `tocsin-ingest`: the inbound alert endpoint, `POST /api/v1/webhooks/alerts`, and the
+//! Opsgenie-style Alert API under `/api/v1/webhooks/alerts/opsgenie/`.
+//! Monitoring tools post their alerts here with an inbound token; each body becomes incident
 //! changes and their events, committed in one transaction with the outbox.
 
 mod batched;
 mod config;
+mod credentials;
 mod metrics;
 mod rate_limit;
 mod routes;
+mod sns;
 mod startup;
 
 pub use config::Config;
+pub use sns::ConfirmHosts;
 pub use startup::{build, App};

@@ -1,14 +1,20 @@
-//! `POST /api/v1/webhooks/alerts`.
+//! `POST /api/v1/webhooks/alerts`, and the Opsgenie-style Alert API under
+//! `/api/v1/webhooks/alerts/opsgenie/v2/alerts` (create, `{alias}/close`,
+//! `{alias}/acknowledge`).
 
 use std::sync::Arc;
 
+use actix_web::http::header::{HeaderValue, CONTENT_TYPE, WWW_AUTHENTICATE};
+use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
-use tocsin_domain::alerts::{self, AlertAction, AlertError, AlertFormat};
-use tocsin_domain::{AccessToken, EventKind, IncidentStatus};
+use tocsin_domain::alerts::{
+    self, AlertAction, AlertError, AlertFormat, Notice, OpsgenieAction, ParsedAlerts,
+};
+use tocsin_domain::{EventKind, IncidentStatus};
 use tocsin_storage::incidents::{AlertBody, Change, SignalOutcome};
+use tocsin_storage::tokens::LiveToken;
 use tocsin_storage::DbError;
-use tocsin_web::auth::bearer_token;
 use tocsin_web::body::{read_limited, BodyError};
 use tocsin_web::telemetry::{self, RemoteParent};
 use tocsin_web::{json, ApiError};
@@ -18,8 +24,10 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::batched::Batched;
+use crate::credentials::{self, QueryToken};
 use crate::metrics::IngestMetrics;
 use crate::rate_limit::RateLimiter;
+use crate::sns::{ConfirmError, Confirmer};
 
 /// Seconds a sender should wait after a 503.
 const RETRY_AFTER_UNAVAILABLE: u64 = 5;
@@ -32,6 +40,8 @@ pub struct IngestState {
     pub limiter: RateLimiter,
     pub metrics: IngestMetrics,
     pub body_limit: usize,
+    /// Confirms SNS subscriptions, for permitted hosts only.
+    pub confirmer: Confirmer,
 }
 
 /// Why an alert request was refused.
@@ -53,6 +63,10 @@ pub enum IngestError {
     Unavailable,
     #[error(transparent)]
     Storage(DbError),
+    #[error("format: this token is bound to source {bound}")]
+    BoundElsewhere { bound: AlertFormat },
+    #[error(transparent)]
+    Confirm(#[from] ConfirmError),
 }
 
 impl From<DbError> for IngestError {
@@ -76,6 +90,9 @@ impl IngestError {
             IngestError::Alert(AlertError::Invalid { .. }) => "invalid",
             IngestError::Unavailable => "unavailable",
             IngestError::Storage(_) => "error",
+            IngestError::BoundElsewhere { .. }
+            | IngestError::Confirm(ConfirmError::NotPermitted) => "invalid",
+            IngestError::Confirm(ConfirmError::Failed(_)) => "confirmation_failed",
         }
     }
 }
@@ -83,7 +100,16 @@ impl IngestError {
 impl From<IngestError> for ApiError {
     fn from(error: IngestError) -> Self {
         match error {
-            IngestError::Unauthorized => ApiError::unauthorized(),
+            // SNS sends user-info credentials only once challenged for them, with a realm.
+            IngestError::Unauthorized => ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a valid inbound token is required",
+            )
+            .with_header(
+                WWW_AUTHENTICATE,
+                HeaderValue::from_static(r#"Bearer realm="tocsin", Basic realm="tocsin""#),
+            ),
             IngestError::RateLimited { retry_after_secs } => {
                 ApiError::rate_limited(retry_after_secs)
             }
@@ -109,13 +135,52 @@ impl From<IngestError> for ApiError {
                     ),
                 )
             }
+            IngestError::BoundElsewhere { bound } => ApiError::invalid(
+                "format",
+                format!("this token is bound to source {bound}; leave format out or send {bound}"),
+            ),
+            IngestError::Confirm(error @ ConfirmError::NotPermitted) => {
+                ApiError::invalid("SubscribeURL", error.to_string())
+            }
+            IngestError::Confirm(error @ ConfirmError::Failed(_)) => {
+                tracing::warn!(%error, "an SNS subscription could not be confirmed");
+                ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "confirmation_failed",
+                    format!("the subscription was not confirmed: {error}; SNS will send its confirmation again"),
+                )
+            }
         }
     }
 }
 
-#[derive(Debug, Deserialize)]
-pub struct FormatQuery {
+/// The query of `POST /api/v1/webhooks/alerts`. No `Debug`: it may hold a token.
+#[derive(Deserialize)]
+pub struct AlertsQuery {
     format: Option<String>,
+    token: Option<QueryToken>,
+}
+
+/// The query of the Opsgenie-style routes. No `Debug`: it may hold a token.
+#[derive(Deserialize)]
+pub struct OpsgenieQuery {
+    #[serde(rename = "identifierType")]
+    identifier_type: Option<String>,
+    token: Option<QueryToken>,
+}
+
+/// What a request asks, by its route.
+enum Call {
+    /// `POST /api/v1/webhooks/alerts[?format=]`.
+    Alerts { format: Option<String> },
+    /// Opsgenie's `POST /v2/alerts`.
+    OpsgenieCreate,
+    /// Opsgenie's `POST /v2/alerts/{identifier}/close` or `/acknowledge`.
+    OpsgenieAction {
+        identifier: String,
+        identifier_type: Option<String>,
+        action: OpsgenieAction,
+    },
 }
 
 /// The 202 body: what happened to each incident the alert touched.
@@ -127,6 +192,12 @@ struct Accepted {
     /// PagerDuty senders read the key back from here, as from PagerDuty's own API.
     #[serde(skip_serializing_if = "Option::is_none")]
     dedup_key: Option<String>,
+    /// What was done besides incidents: `subscription_confirmed`, `unsubscribed`, `ignored`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    notice: Option<&'static str>,
+    /// Why an `ignored` body changed nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -160,7 +231,87 @@ impl From<SignalOutcome> for Touched {
 pub async fn receive_alerts(
     req: HttpRequest,
     payload: web::Payload,
-    query: web::Query<FormatQuery>,
+    query: web::Query<AlertsQuery>,
+    state: web::Data<IngestState>,
+) -> Result<HttpResponse, ApiError> {
+    let AlertsQuery { format, token } = query.into_inner();
+    receive(req, payload, token, Call::Alerts { format }, state).await
+}
+
+/// Opsgenie's create alert, `POST .../opsgenie/v2/alerts`.
+pub async fn opsgenie_create(
+    req: HttpRequest,
+    payload: web::Payload,
+    query: web::Query<OpsgenieQuery>,
+    state: web::Data<IngestState>,
+) -> Result<HttpResponse, ApiError> {
+    let token = query.into_inner().token;
+    receive(req, payload, token, Call::OpsgenieCreate, state).await
+}
+
+/// Opsgenie's close alert, `POST .../opsgenie/v2/alerts/{identifier}/close`.
+pub async fn opsgenie_close(
+    req: HttpRequest,
+    payload: web::Payload,
+    identifier: web::Path<String>,
+    query: web::Query<OpsgenieQuery>,
+    state: web::Data<IngestState>,
+) -> Result<HttpResponse, ApiError> {
+    opsgenie_action(
+        req,
+        payload,
+        identifier,
+        query,
+        state,
+        OpsgenieAction::Close,
+    )
+    .await
+}
+
+/// Opsgenie's acknowledge alert, `POST .../opsgenie/v2/alerts/{identifier}/acknowledge`.
+pub async fn opsgenie_acknowledge(
+    req: HttpRequest,
+    payload: web::Payload,
+    identifier: web::Path<String>,
+    query: web::Query<OpsgenieQuery>,
+    state: web::Data<IngestState>,
+) -> Result<HttpResponse, ApiError> {
+    opsgenie_action(
+        req,
+        payload,
+        identifier,
+        query,
+        state,
+        OpsgenieAction::Acknowledge,
+    )
+    .await
+}
+
+async fn opsgenie_action(
+    req: HttpRequest,
+    payload: web::Payload,
+    identifier: web::Path<String>,
+    query: web::Query<OpsgenieQuery>,
+    state: web::Data<IngestState>,
+    action: OpsgenieAction,
+) -> Result<HttpResponse, ApiError> {
+    let OpsgenieQuery {
+        identifier_type,
+        token,
+    } = query.into_inner();
+    let call = Call::OpsgenieAction {
+        identifier: identifier.into_inner(),
+        identifier_type,
+        action,
+    };
+    receive(req, payload, token, call, state).await
+}
+
+async fn receive(
+    req: HttpRequest,
+    payload: web::Payload,
+    token: Option<QueryToken>,
+    call: Call,
     state: web::Data<IngestState>,
 ) -> Result<HttpResponse, ApiError> {
     let span = tracing::debug_span!(
@@ -172,90 +323,186 @@ pub async fn receive_alerts(
     // Before the span is first entered.
     RemoteParent::from_headers(|name| Some(req.headers().get(name)?.to_str().ok()?.to_owned()))
         .adopt_by(&span);
-    receive(req, payload, query, state).instrument(span).await
-}
-
-async fn receive(
-    req: HttpRequest,
-    payload: web::Payload,
-    query: web::Query<FormatQuery>,
-    state: web::Data<IngestState>,
-) -> Result<HttpResponse, ApiError> {
-    let mut format_label = "unknown";
-    let result = handle(&req, payload, &query, &state, &mut format_label).await;
-    let span = tracing::Span::current();
-    span.record("format", format_label);
-    match result {
-        Ok(response) => {
-            state.metrics.record(format_label, "accepted");
-            span.record("status", response.status().as_u16());
-            Ok(response)
-        }
-        Err(error) => {
-            state.metrics.record(format_label, error.outcome());
-            let error = ApiError::from(error);
-            span.record("status", error.status().as_u16());
-            Err(error)
+    async move {
+        let mut format_label = "unknown";
+        let result = handle(
+            &req,
+            payload,
+            token.as_ref(),
+            call,
+            &state,
+            &mut format_label,
+        )
+        .await;
+        let span = tracing::Span::current();
+        span.record("format", format_label);
+        match result {
+            Ok(response) => {
+                state.metrics.record(format_label, "accepted");
+                span.record("status", response.status().as_u16());
+                Ok(response)
+            }
+            Err(error) => {
+                state.metrics.record(format_label, error.outcome());
+                let error = ApiError::from(error);
+                span.record("status", error.status().as_u16());
+                Err(error)
+            }
         }
     }
+    .instrument(span)
+    .await
 }
 
 async fn handle(
     req: &HttpRequest,
     payload: web::Payload,
-    query: &FormatQuery,
+    query_token: Option<&QueryToken>,
+    call: Call,
     state: &IngestState,
     format_label: &mut &'static str,
 ) -> Result<HttpResponse, IngestError> {
-    let token_id = authenticate(req, state).await?;
+    let opsgenie = !matches!(call, Call::Alerts { .. });
+    let token = authenticate(req, query_token, opsgenie, state).await?;
     state
         .limiter
-        .check(token_id)
+        .check(token.id)
         .map_err(|wait| IngestError::RateLimited {
             retry_after_secs: wait.as_secs() + 1,
         })?;
-    if !json::is_json(req) {
+    let format = match &call {
+        Call::Alerts { format } => {
+            let asked = format
+                .as_deref()
+                .map(str::parse::<AlertFormat>)
+                .transpose()?;
+            match (token.source, asked) {
+                (Some(bound), Some(asked)) if bound != asked => {
+                    return Err(IngestError::BoundElsewhere { bound })
+                }
+                (bound, asked) => bound.or(asked),
+            }
+        }
+        _ => match token.source {
+            None | Some(AlertFormat::Opsgenie) => Some(AlertFormat::Opsgenie),
+            Some(bound) => return Err(IngestError::BoundElsewhere { bound }),
+        },
+    };
+    if !json::is_json(req) && !sns_text(req, format) {
         return Err(IngestError::UnsupportedMediaType);
     }
-    let format = query
-        .format
-        .as_deref()
-        .map(str::parse::<AlertFormat>)
-        .transpose()?;
     let body = read_limited(req, payload, state.body_limit)
         .await
         .map_err(|error| match error {
             BodyError::TooLarge { limit } => IngestError::TooLarge { limit },
             BodyError::Read(message) => IngestError::Read(message),
         })?;
-    let parsed = alerts::parse(&body, format)?;
-    *format_label = parsed.format.as_str();
-    let reply_key = parsed.signals.iter().find_map(|s| s.reply_key.clone());
-    let body = AlertBody {
-        signals: parsed.signals,
-        headers: telemetry::current_headers(),
+    if !credentials::signed(&token, req, &body) {
+        return Err(IngestError::Unauthorized);
+    }
+    let parsed = match call {
+        Call::Alerts { .. } | Call::OpsgenieCreate => alerts::parse(&body, format)?,
+        Call::OpsgenieAction {
+            identifier,
+            identifier_type,
+            action,
+        } => alerts::parse_opsgenie_action(&body, &identifier, identifier_type.as_deref(), action)?,
     };
-    let outcomes = state.batched.apply_alerts(body).await?;
+    *format_label = parsed.format.as_str();
+    let ParsedAlerts {
+        format,
+        signals,
+        notice,
+    } = parsed;
+    let (notice, reason) = match notice {
+        None => (None, None),
+        Some(notice) => act_on(notice, state).await?,
+    };
+    let reply_key = signals.iter().find_map(|s| s.reply_key.clone());
+    let outcomes = if signals.is_empty() {
+        Vec::new()
+    } else {
+        let body = AlertBody {
+            signals,
+            headers: telemetry::current_headers(),
+        };
+        state.batched.apply_alerts(body).await?
+    };
     if outcomes.iter().any(|o| !o.events.is_empty()) {
         state.relay.notify_one();
     }
     Ok(HttpResponse::Accepted().json(Accepted {
         status: "accepted",
-        format: parsed.format,
+        format,
         dedup_key: reply_key,
         incidents: outcomes.into_iter().map(Touched::from).collect(),
+        notice,
+        reason,
     }))
 }
 
-/// The id of the request's live token. Every refusal looks the same to the client.
+/// What ingest does about a sender's housekeeping: confirms an SNS subscription (for a
+/// permitted host), logs an unsubscription; the notice's name and reason for the answer.
+async fn act_on(
+    notice: Notice,
+    state: &IngestState,
+) -> Result<(Option<&'static str>, Option<String>), IngestError> {
+    Ok(match notice {
+        Notice::ConfirmSubscription {
+            topic_arn,
+            subscribe_url,
+        } => {
+            state.confirmer.confirm(&subscribe_url).await?;
+            tracing::info!(topic_arn, "SNS subscription confirmed");
+            (Some("subscription_confirmed"), None)
+        }
+        Notice::Unsubscribed { topic_arn } => {
+            tracing::warn!(
+                topic_arn,
+                "SNS unsubscribed this endpoint from the topic: no more alarms come from it until it is subscribed again"
+            );
+            (Some("unsubscribed"), None)
+        }
+        Notice::Ignored(reason) => {
+            tracing::debug!(reason, "an alert body changed no incident");
+            (Some("ignored"), Some(reason))
+        }
+    })
+}
+
+/// Whether a `text/plain` body may be read as JSON: SNS posts its JSON envelope as
+/// `text/plain`, and marks its requests with `x-amz-sns-message-type`.
+fn sns_text(req: &HttpRequest, format: Option<AlertFormat>) -> bool {
+    let plain = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("text/plain"));
+    let sns = format == Some(AlertFormat::CloudWatch)
+        || (format.is_none() && req.headers().contains_key("x-amz-sns-message-type"));
+    plain && sns
+}
+
+/// The request's live token, if it presented one the way the token accepts. Every refusal
+/// looks the same to the client.
 #[tracing::instrument(level = "debug", skip_all)]
-async fn authenticate(req: &HttpRequest, state: &IngestState) -> Result<Uuid, IngestError> {
-    let presented = bearer_token(req)
-        .and_then(AccessToken::from_presented)
-        .ok_or(IngestError::Unauthorized)?;
-    state
+async fn authenticate(
+    req: &HttpRequest,
+    query_token: Option<&QueryToken>,
+    genie_key: bool,
+    state: &IngestState,
+) -> Result<LiveToken, IngestError> {
+    let (presented, via) =
+        credentials::presented(req, query_token, genie_key).ok_or(IngestError::Unauthorized)?;
+    let token = state
         .batched
         .authenticate(presented)
         .await?
-        .ok_or(IngestError::Unauthorized)
+        .ok_or(IngestError::Unauthorized)?;
+    if credentials::accepts(&token, via) {
+        Ok(token)
+    } else {
+        Err(IngestError::Unauthorized)
+    }
 }

@@ -7,7 +7,14 @@ use crate::batched::Batched;
 use crate::config::Config;
 use crate::metrics::IngestMetrics;
 use crate::rate_limit::RateLimiter;
-use crate::routes::{receive_alerts, IngestState};
+use crate::routes::{
+    opsgenie_acknowledge, opsgenie_close, opsgenie_create, receive_alerts, IngestState,
+};
+use crate::sns::Confirmer;
+
+/// Opsgenie's `/v2/alerts` under the base URL Opsgenie-style senders are given
+/// (`.../api/v1/webhooks/alerts/opsgenie/`).
+const OPSGENIE_ALERTS: &str = "/api/v1/webhooks/alerts/opsgenie/v2/alerts";
 
 /// The running ingest service.
 pub type App = Service;
@@ -23,6 +30,10 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         limiter: RateLimiter::new(config.rate_limit, config.rate_burst),
         metrics: IngestMetrics::new(&foundation.registry)?,
         body_limit: config.body_limit,
+        confirmer: Confirmer::new(
+            config.sns_confirm_hosts.clone(),
+            config.allowed_targets.clone(),
+        )?,
     });
 
     let listener = tocsin_web::service::bind(&config.addr, "TOCSIN_INGEST_ADDR")?;
@@ -31,7 +42,16 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let routes = move |cfg: &mut web::ServiceConfig| {
         cfg.app_data(state.clone())
             .app_data(query_config.clone())
-            .route("/api/v1/webhooks/alerts", web::post().to(receive_alerts));
+            .route("/api/v1/webhooks/alerts", web::post().to(receive_alerts))
+            .route(OPSGENIE_ALERTS, web::post().to(opsgenie_create))
+            .route(
+                &format!("{OPSGENIE_ALERTS}/{{identifier}}/close"),
+                web::post().to(opsgenie_close),
+            )
+            .route(
+                &format!("{OPSGENIE_ALERTS}/{{identifier}}/acknowledge"),
+                web::post().to(opsgenie_acknowledge),
+            );
     };
     foundation.serve_with_relay("ingest", listener, routes, config.workers, relay, common)
 }

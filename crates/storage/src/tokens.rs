@@ -1,4 +1,8 @@
-//! Inbound access tokens: issued through admin, stored as hashes, revocable.
+//! Inbound access tokens: issued through admin, stored as hashes, revocable. A token may be
+//! bound to an alert source and may accept credentials other than `Authorization: Bearer`
+//! (basic authentication, a query parameter) and check a source's signature: each an opt-in.
+
+use std::fmt;
 
 use diesel::prelude::*;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
@@ -7,10 +11,11 @@ use uuid::Uuid;
 
 use crate::schema::inbound_tokens;
 use crate::{Cursor, DbError, Listed, Page};
-use tocsin_domain::AccessToken;
+use tocsin_domain::alerts::AlertFormat;
+use tocsin_domain::{AccessToken, SigningSecret};
 
-/// A token's record; the token itself is never stored.
-#[derive(Debug, Clone, Queryable, Selectable)]
+/// A token's record; the token itself is never stored. `Debug` leaves the signing secret out.
+#[derive(Clone, Queryable, Selectable)]
 #[diesel(table_name = inbound_tokens)]
 pub struct InboundToken {
     pub id: Uuid,
@@ -21,6 +26,101 @@ pub struct InboundToken {
     pub created_at: OffsetDateTime,
     pub last_used_at: Option<OffsetDateTime>,
     pub revoked_at: Option<OffsetDateTime>,
+    /// The alert source (format name) its bodies are read as; `None`: detected.
+    pub source: Option<String>,
+    /// Accepts HTTP basic authentication with the token as password.
+    pub basic_auth: bool,
+    /// Accepts the token in the `token` query parameter.
+    pub query_token: bool,
+    /// The secret bodies must be signed with (Sentry's client secret).
+    pub signing_secret: Option<String>,
+}
+
+impl fmt::Debug for InboundToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InboundToken")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("lookup", &self.lookup)
+            .field("source", &self.source)
+            .field("basic_auth", &self.basic_auth)
+            .field("query_token", &self.query_token)
+            .field("signed", &self.signing_secret.is_some())
+            .field("revoked_at", &self.revoked_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A token to issue: its name, and what it binds and accepts besides a bearer header.
+#[derive(Debug, Clone)]
+pub struct NewToken<'a> {
+    pub name: &'a str,
+    pub source: Option<AlertFormat>,
+    pub basic_auth: bool,
+    pub query_token: bool,
+    /// Only for a token bound to `sentry` (the database refuses it otherwise).
+    pub signing_secret: Option<&'a SigningSecret>,
+}
+
+impl<'a> NewToken<'a> {
+    /// A token with no source and no credential but the bearer header.
+    pub fn named(name: &'a str) -> Self {
+        NewToken {
+            name,
+            source: None,
+            basic_auth: false,
+            query_token: false,
+            signing_secret: None,
+        }
+    }
+}
+
+/// A live token that authenticated a request: what it allows.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LiveToken {
+    pub id: Uuid,
+    /// Bodies are read as this source, without detection.
+    pub source: Option<AlertFormat>,
+    pub basic_auth: bool,
+    pub query_token: bool,
+    /// When set, a body must carry the source's signature made with it.
+    pub signing_secret: Option<SigningSecret>,
+}
+
+impl fmt::Debug for LiveToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LiveToken")
+            .field("id", &self.id)
+            .field("source", &self.source)
+            .field("basic_auth", &self.basic_auth)
+            .field("query_token", &self.query_token)
+            .field("signed", &self.signing_secret.is_some())
+            .finish()
+    }
+}
+
+impl TryFrom<&InboundToken> for LiveToken {
+    type Error = DbError;
+    fn try_from(record: &InboundToken) -> Result<Self, DbError> {
+        let corrupt = |what: &str| DbError::Corrupt(format!("token {}: bad {what}", record.id));
+        Ok(LiveToken {
+            id: record.id,
+            source: record
+                .source
+                .as_deref()
+                .map(str::parse::<AlertFormat>)
+                .transpose()
+                .map_err(|_| corrupt("source"))?,
+            basic_auth: record.basic_auth,
+            query_token: record.query_token,
+            signing_secret: record
+                .signing_secret
+                .as_deref()
+                .map(SigningSecret::parse)
+                .transpose()
+                .map_err(|_| corrupt("signing secret"))?,
+        })
+    }
 }
 
 impl Listed for InboundToken {
@@ -29,19 +129,31 @@ impl Listed for InboundToken {
     }
 }
 
-/// Issues a token. The returned [`AccessToken`] is the only copy of it.
+/// Issues a token with no source and only the bearer header ([`issue`]).
 pub async fn create(
     conn: &mut AsyncPgConnection,
     name: &str,
+) -> Result<(InboundToken, AccessToken), DbError> {
+    issue(conn, &NewToken::named(name)).await
+}
+
+/// Issues a token. The returned [`AccessToken`] is the only copy of it.
+pub async fn issue(
+    conn: &mut AsyncPgConnection,
+    new: &NewToken<'_>,
 ) -> Result<(InboundToken, AccessToken), DbError> {
     let token = AccessToken::generate();
     let record = diesel::insert_into(inbound_tokens::table)
         .values((
             inbound_tokens::id.eq(Uuid::now_v7()),
-            inbound_tokens::name.eq(name),
+            inbound_tokens::name.eq(new.name),
             inbound_tokens::lookup.eq(token.lookup()),
             inbound_tokens::token_hash.eq(token.hash()),
             inbound_tokens::created_at.eq(OffsetDateTime::now_utc()),
+            inbound_tokens::source.eq(new.source.map(AlertFormat::as_str)),
+            inbound_tokens::basic_auth.eq(new.basic_auth),
+            inbound_tokens::query_token.eq(new.query_token),
+            inbound_tokens::signing_secret.eq(new.signing_secret.map(SigningSecret::expose)),
         ))
         .returning(InboundToken::as_returning())
         .get_result(conn)
@@ -58,15 +170,16 @@ pub async fn authenticate(
     Ok(authenticate_all(conn, std::slice::from_ref(presented))
         .await?
         .pop()
-        .flatten())
+        .flatten()
+        .map(|live| live.id))
 }
 
 /// [`authenticate`] for several presented tokens, in one query (ingest gathers the requests
-/// it receives concurrently). Answers per token.
+/// it receives concurrently), answering per token with what the live token allows.
 pub async fn authenticate_all(
     conn: &mut AsyncPgConnection,
     presented: &[AccessToken],
-) -> Result<Vec<Option<Uuid>>, DbError> {
+) -> Result<Vec<Option<LiveToken>>, DbError> {
     let lookups: Vec<&str> = presented.iter().map(AccessToken::lookup).collect();
     let records: Vec<InboundToken> = inbound_tokens::table
         .filter(inbound_tokens::lookup.eq_any(&lookups))
@@ -101,7 +214,10 @@ pub async fn authenticate_all(
             .execute(conn)
             .await?;
     }
-    Ok(matched.iter().map(|r| r.map(|r| r.id)).collect())
+    matched
+        .iter()
+        .map(|r| r.map(LiveToken::try_from).transpose())
+        .collect()
 }
 
 /// Tokens, newest first, revoked ones included.

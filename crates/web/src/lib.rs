@@ -12,6 +12,7 @@ pub mod health;
 pub mod json;
 pub mod metrics;
 pub mod service;
+pub mod ssrf;
 pub mod telemetry;
 
 pub use error::{ApiError, ErrorBody};

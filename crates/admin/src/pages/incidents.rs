@@ -4,6 +4,7 @@
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
+use tocsin_domain::alerts::AlertFormat;
 use tocsin_domain::IncidentStatus;
 use tocsin_storage::incidents::{self as repo, IncidentFilter};
 use uuid::Uuid;
@@ -49,6 +50,7 @@ pub async fn list(
             title: incident.title,
             severity: incident.severity.as_str(),
             status: incident.status.as_str(),
+            format: AlertFormat::of_dedup_key(&incident.dedup_key).map(AlertFormat::as_str),
             source: incident.source,
             created: When::of(incident.created_at),
         })

@@ -4,6 +4,7 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
+use tocsin_domain::alerts::AlertFormat;
 use tocsin_domain::{EventKind, IncidentStatus, Severity};
 use tocsin_storage::incidents::{self as repo, IncidentFilter};
 use utoipa::ToSchema;
@@ -20,6 +21,10 @@ pub struct Incident {
     pub id: Uuid,
     /// What identifies the incident across alert notifications (namespaced by source format).
     pub dedup_key: String,
+    /// The alert source it came from (its dedup key's namespace), which webhook
+    /// `filters.sources` match.
+    #[schema(value_type = Option<schema::AlertSource>, example = "cloudwatch")]
+    pub format: Option<&'static str>,
     pub title: String,
     #[schema(value_type = schema::Severity)]
     pub severity: Severity,
@@ -42,6 +47,7 @@ impl From<repo::Incident> for Incident {
     fn from(i: repo::Incident) -> Self {
         Incident {
             id: i.id,
+            format: AlertFormat::of_dedup_key(&i.dedup_key).map(AlertFormat::as_str),
             dedup_key: i.dedup_key,
             title: i.title,
             severity: i.severity,

@@ -1,10 +1,13 @@
-//! `/api/v1/tokens`: the inbound access tokens monitoring tools present to ingest.
+//! `/api/v1/tokens`: the inbound access tokens monitoring tools present to ingest, each
+//! optionally bound to an alert source and accepting, as opt-ins, credentials other than the
+//! bearer header.
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
-use tocsin_domain::{InvalidName, WebhookName};
-use tocsin_storage::tokens as repo;
+use tocsin_domain::alerts::AlertFormat;
+use tocsin_domain::{InvalidName, SigningSecret, WebhookName};
+use tocsin_storage::tokens::{self as repo, NewToken as RepoToken};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -30,6 +33,15 @@ pub struct Token {
     /// When it was revoked; a revoked token is refused.
     #[serde(with = "time::serde::rfc3339::option")]
     pub revoked_at: Option<OffsetDateTime>,
+    /// The alert source its bodies are read as; `null`: detected from the body.
+    #[schema(value_type = Option<schema::AlertSource>, example = "cloudwatch")]
+    pub source: Option<String>,
+    /// Accepts HTTP basic authentication with the token as password.
+    pub basic_auth: bool,
+    /// Accepts the token in the `token` query parameter.
+    pub query_token: bool,
+    /// Bodies must carry the source's signature (a signing secret is set; it is never shown).
+    pub signed: bool,
 }
 
 impl From<repo::InboundToken> for Token {
@@ -41,6 +53,10 @@ impl From<repo::InboundToken> for Token {
             created_at: t.created_at,
             last_used_at: t.last_used_at,
             revoked_at: t.revoked_at,
+            source: t.source,
+            basic_auth: t.basic_auth,
+            query_token: t.query_token,
+            signed: t.signing_secret.is_some(),
         }
     }
 }
@@ -50,7 +66,8 @@ impl From<repo::InboundToken> for Token {
 pub struct TokenCreated {
     #[serde(flatten)]
     pub record: Token,
-    /// Send as `Authorization: Bearer <token>` to `POST /api/v1/webhooks/alerts`.
+    /// Send as `Authorization: Bearer <token>` to `POST /api/v1/webhooks/alerts` (or, when the
+    /// token opts in, as the basic-authentication password or the `token` query parameter).
     #[schema(example = "tsn_Hq3xv0b_Y2nT_4xV9kq1m0pA7Jc2sWb8dLr5tYe3uGh6iKo0nZf1QvXw")]
     pub token: String,
 }
@@ -64,13 +81,103 @@ pub struct TokenList {
 }
 
 /// A token to issue.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewToken {
     /// At most 100 characters as sent and at least 1 once surrounding spaces are trimmed, no
     /// control characters; e.g. the sending tool.
     #[schema(min_length = 1, max_length = 100, example = "alertmanager-prod")]
     pub name: String,
+    /// Binds the token to an alert source: its bodies are read as that source, without
+    /// detection. Left out or `null`: the format is detected from each body.
+    #[serde(default)]
+    #[schema(value_type = Option<schema::AlertSource>, example = "cloudwatch")]
+    pub source: Option<String>,
+    /// Also accept HTTP basic authentication with the token as password (for senders that put
+    /// credentials in the URL: SNS, Google Cloud Monitoring). Default `false`.
+    #[serde(default)]
+    pub basic_auth: bool,
+    /// Also accept the token in the `token` query parameter (for senders that can only
+    /// configure a URL: Azure action groups). Default `false`.
+    #[serde(default)]
+    pub query_token: bool,
+    /// The secret the source signs its bodies with (Sentry's client secret); only with
+    /// `source` `sentry`. Bodies without a valid `Sentry-Hook-Signature` are then refused.
+    /// Write-only: never shown again.
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 255, write_only)]
+    pub signing_secret: Option<String>,
+}
+
+impl std::fmt::Debug for NewToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewToken")
+            .field("name", &self.name)
+            .field("source", &self.source)
+            .field("basic_auth", &self.basic_auth)
+            .field("query_token", &self.query_token)
+            .field("signing_secret", &self.signing_secret.as_ref().map(|_| "…"))
+            .finish()
+    }
+}
+
+/// A token's settings as checked: its source and signing secret parsed.
+pub struct CheckedToken {
+    pub name: String,
+    pub source: Option<AlertFormat>,
+    pub basic_auth: bool,
+    pub query_token: bool,
+    pub signing_secret: Option<SigningSecret>,
+}
+
+impl CheckedToken {
+    /// Checks a token's settings, naming the first field refused.
+    pub fn check(new: NewToken) -> Result<Self, AdminError> {
+        let name = parse_name(&new.name).map_err(|e| AdminError::invalid("name", e))?;
+        let source = new
+            .source
+            .as_deref()
+            .map(|raw| {
+                raw.parse::<AlertFormat>().map_err(|_| {
+                    AdminError::invalid(
+                        "source",
+                        format!("must be one of {}", AlertFormat::names()),
+                    )
+                })
+            })
+            .transpose()?;
+        let signing_secret = new
+            .signing_secret
+            .as_deref()
+            .map(|raw| {
+                SigningSecret::parse(raw).map_err(|e| AdminError::invalid("signing_secret", e))
+            })
+            .transpose()?;
+        if signing_secret.is_some() && source != Some(AlertFormat::Sentry) {
+            return Err(AdminError::invalid(
+                "signing_secret",
+                "only a token bound to source sentry checks a signature",
+            ));
+        }
+        Ok(CheckedToken {
+            name,
+            source,
+            basic_auth: new.basic_auth,
+            query_token: new.query_token,
+            signing_secret,
+        })
+    }
+
+    /// The token as the repository issues it.
+    pub fn as_new(&self) -> RepoToken<'_> {
+        RepoToken {
+            name: &self.name,
+            source: self.source,
+            basic_auth: self.basic_auth,
+            query_token: self.query_token,
+            signing_secret: self.signing_secret.as_ref(),
+        }
+    }
 }
 
 /// A token's name: the rules of a webhook name (at most 100 characters as sent, at least 1 once
@@ -89,7 +196,7 @@ pub fn parse_name(raw: &str) -> Result<String, InvalidName> {
     responses(
         (status = 201, description = "Issued; `token` is shown this once", body = TokenCreated),
         schema::JsonBodyErrors,
-        (status = 422, description = "`name` is invalid", body = schema::ErrorBody),
+        (status = 422, description = "`name`, `source` or `signing_secret` is invalid; `field` names it", body = schema::ErrorBody),
     )
 )]
 #[tracing::instrument(skip_all)]
@@ -99,10 +206,10 @@ pub async fn create(
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, AdminError> {
     let new: NewToken = state.json(&req, payload).await?;
-    let name = parse_name(&new.name).map_err(|e| AdminError::invalid("name", e))?;
+    let checked = CheckedToken::check(new)?;
     let mut conn = state.conn().await?;
-    let (record, token) = repo::create(&mut conn, &name).await?;
-    tracing::info!(token = %record.id, "inbound token issued");
+    let (record, token) = repo::issue(&mut conn, &checked.as_new()).await?;
+    tracing::info!(token = %record.id, source = record.source.as_deref(), "inbound token issued");
     Ok(HttpResponse::Created().json(TokenCreated {
         token: token.expose().to_owned(),
         record: record.into(),

@@ -918,3 +918,108 @@ async fn each_action_does_what_the_api_does() {
     assert!(!retry_page.body.contains("data-retry"));
     admin.stop().await;
 }
+
+#[tokio::test]
+async fn the_tokens_page_issues_a_bound_token_once_and_revokes_it() {
+    let admin = TestAdmin::start().await;
+    let browser = admin.sign_in().await;
+    let page = admin.get("/settings/tokens", Some(&browser)).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains("No tokens yet."));
+    // Every source is offered.
+    for format in tocsin_domain::alerts::AlertFormat::ALL {
+        assert!(
+            page.body.contains(&format!("<option value=\"{format}\"")),
+            "{format}"
+        );
+    }
+
+    let refused = admin
+        .post(
+            "/settings/tokens",
+            Some(&browser),
+            &[
+                ("name", "sns"),
+                ("source", "cloudwatch"),
+                ("signing_secret", "s"),
+            ],
+            None,
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(refused.body.contains("id=\"error-summary\""));
+    assert!(refused.body.contains("href=\"#signing_secret\""));
+    // The form keeps what was chosen.
+    assert!(refused
+        .body
+        .contains("<option value=\"cloudwatch\" selected>"));
+    assert!(
+        !refused.body.contains("value=\"s\""),
+        "the secret is not shown back"
+    );
+
+    let issued = admin
+        .post(
+            "/settings/tokens",
+            Some(&browser),
+            &[
+                ("name", "sns-prod"),
+                ("source", "cloudwatch"),
+                ("basic_auth", "on"),
+            ],
+            None,
+        )
+        .await;
+    assert_eq!(issued.status, StatusCode::OK, "{}", issued.body);
+    let marker = "data-secret";
+    assert!(issued.body.contains(marker));
+    let token = issued
+        .body
+        .split("value=\"")
+        .find_map(|part| part.strip_prefix("tsn_"))
+        .and_then(|rest| rest.split('"').next())
+        .map(|rest| format!("tsn_{rest}"))
+        .expect("the token, shown once");
+    assert!(issued.body.contains("https://tocsin:&lt;token&gt;@"));
+    let presented = tocsin_domain::AccessToken::from_presented(&token).expect("a token");
+    let mut conn = admin.conn().await;
+    let live = tocsin_storage::tokens::authenticate_all(&mut conn, &[presented])
+        .await
+        .unwrap()
+        .remove(0)
+        .expect("the token is live");
+    assert_eq!(
+        live.source,
+        Some(tocsin_domain::alerts::AlertFormat::CloudWatch)
+    );
+    assert!(live.basic_auth && !live.query_token);
+
+    let page = admin.get("/settings/tokens", Some(&browser)).await;
+    let table = &page.body[page.body.find("id=\"tokens\"").expect("the token table")..];
+    assert!(
+        table.contains("sns-prod")
+            && table.contains("<code>cloudwatch</code>")
+            && table.contains("basic auth"),
+        "{table}"
+    );
+    assert!(
+        !page.body.contains(&token[17..]),
+        "the token is shown only once"
+    );
+
+    let (_, list) = admin.api(Method::GET, "/api/v1/tokens", None).await;
+    let id = list["items"][0]["id"].as_str().unwrap().to_owned();
+    let revoked = admin
+        .post(
+            &format!("/settings/tokens/{id}/revoke"),
+            Some(&browser),
+            &[],
+            None,
+        )
+        .await;
+    assert_eq!(revoked.status, StatusCode::SEE_OTHER);
+    assert_eq!(revoked.location(), "/settings/tokens?notice=revoked");
+    let (_, list) = admin.api(Method::GET, "/api/v1/tokens", None).await;
+    assert!(list["items"][0]["revoked_at"].is_string());
+    admin.stop().await;
+}

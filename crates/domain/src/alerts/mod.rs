@@ -1,13 +1,30 @@
 //! Inbound alert formats (docs/ingest.md): one endpoint accepts Prometheus
-//! Alertmanager, Grafana alerting, PagerDuty Events API v2 and Tocsin's generic JSON. Each body
-//! is parsed into [`AlertSignal`]s, which say what should happen to which incident.
+//! Alertmanager, Grafana alerting, PagerDuty Events API v2 and Tocsin's generic JSON, detected
+//! from the body, and the bodies of the alert sources a token is bound to or `?format=` names
+//! (AWS CloudWatch through SNS, Azure Monitor, Google Cloud Monitoring, Sentry, Datadog, New
+//! Relic, Kibana, Zabbix, Uptime Kuma, Opsgenie-style senders). Each body is parsed into
+//! [`AlertSignal`]s, which say what should happen to which incident, and sometimes a [`Notice`]
+//! (a sender's own housekeeping, such as SNS asking for its subscription to be confirmed).
 
 mod alertmanager;
+mod azure;
+mod cloudwatch;
+mod datadog;
 mod generic;
+mod google;
 mod grafana;
+mod kibana;
+mod newrelic;
+mod opsgenie;
 mod pagerduty;
+mod sentry;
 #[cfg(test)]
 mod testing;
+mod uptimekuma;
+mod zabbix;
+
+pub use opsgenie::OpsgenieAction;
+pub use sentry::{sentry_signature_matches, SENTRY_SIGNATURE_HEADER};
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -18,7 +35,9 @@ use serde_json::{Map, Value};
 
 use crate::{IncidentTitle, Severity};
 
-/// The formats the inbound endpoint understands.
+/// The formats the inbound endpoint understands: one per alert source. A format's name is the
+/// source's name everywhere: `?format=`, a token's `source`, metrics labels, the namespace of
+/// dedup keys, and so webhook `filters.sources`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AlertFormat {
@@ -26,24 +45,75 @@ pub enum AlertFormat {
     Grafana,
     PagerDuty,
     Generic,
+    /// AWS CloudWatch alarms, delivered by an Amazon SNS HTTP(S) subscription.
+    CloudWatch,
+    /// Azure Monitor alerts in the common alert schema.
+    Azure,
+    /// Google Cloud Monitoring webhooks (schema 1.2).
+    Google,
+    /// Sentry issue alerts, metric alerts and issue webhooks.
+    Sentry,
+    /// Datadog monitors, with the payload template in docs/sources/.
+    Datadog,
+    /// New Relic workflows, with New Relic's default webhook payload.
+    NewRelic,
+    /// Kibana (Elastic) rules, with the webhook connector body in docs/sources/.
+    Kibana,
+    /// Zabbix, with the media type in docs/sources/.
+    Zabbix,
+    /// Uptime Kuma's webhook notification.
+    UptimeKuma,
+    /// Opsgenie Alert API calls (create, close, acknowledge) from tools that only speak that.
+    Opsgenie,
 }
 
 impl AlertFormat {
-    pub const ALL: [AlertFormat; 4] = [
+    pub const ALL: [AlertFormat; 14] = [
         AlertFormat::Alertmanager,
         AlertFormat::Grafana,
         AlertFormat::PagerDuty,
         AlertFormat::Generic,
+        AlertFormat::CloudWatch,
+        AlertFormat::Azure,
+        AlertFormat::Google,
+        AlertFormat::Sentry,
+        AlertFormat::Datadog,
+        AlertFormat::NewRelic,
+        AlertFormat::Kibana,
+        AlertFormat::Zabbix,
+        AlertFormat::UptimeKuma,
+        AlertFormat::Opsgenie,
     ];
 
-    /// The name used in `?format=`, in metrics labels and in dedup-key namespaces.
+    /// The name used in `?format=`, a token's `source`, metrics labels and dedup-key namespaces.
     pub fn as_str(self) -> &'static str {
         match self {
             AlertFormat::Alertmanager => "alertmanager",
             AlertFormat::Grafana => "grafana",
             AlertFormat::PagerDuty => "pagerduty",
             AlertFormat::Generic => "generic",
+            AlertFormat::CloudWatch => "cloudwatch",
+            AlertFormat::Azure => "azure",
+            AlertFormat::Google => "google",
+            AlertFormat::Sentry => "sentry",
+            AlertFormat::Datadog => "datadog",
+            AlertFormat::NewRelic => "newrelic",
+            AlertFormat::Kibana => "kibana",
+            AlertFormat::Zabbix => "zabbix",
+            AlertFormat::UptimeKuma => "uptimekuma",
+            AlertFormat::Opsgenie => "opsgenie",
         }
+    }
+
+    /// Every name, comma-separated, for error messages and documentation.
+    pub fn names() -> String {
+        AlertFormat::ALL.map(AlertFormat::as_str).join(", ")
+    }
+
+    /// The format whose namespace a dedup key is in (`cloudwatch:...` → CloudWatch): the alert
+    /// source an incident came from.
+    pub fn of_dedup_key(key: &str) -> Option<AlertFormat> {
+        key.split_once(':')?.0.parse().ok()
     }
 }
 
@@ -60,10 +130,7 @@ impl FromStr for AlertFormat {
             .into_iter()
             .find(|format| format.as_str() == s)
             .ok_or_else(|| {
-                AlertError::invalid(
-                    "format",
-                    "must be one of alertmanager, grafana, pagerduty, generic",
-                )
+                AlertError::invalid("format", format!("must be one of {}", AlertFormat::names()))
             })
     }
 }
@@ -102,11 +169,66 @@ pub struct AlertSignal {
     pub labels: BTreeMap<String, String>,
 }
 
-/// The parsed body: its format and the signals it carries (at least one).
+/// The parsed body: its format, the signals it carries, and what else it asks of Tocsin. At
+/// least one signal, unless there is a notice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParsedAlerts {
     pub format: AlertFormat,
     pub signals: Vec<AlertSignal>,
+    pub notice: Option<Notice>,
+}
+
+/// What a body says besides alert signals: a sender's own housekeeping, or why a valid body
+/// asks nothing of any incident. Such a body is accepted (202) and touches no incident.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// Amazon SNS asks the new subscriber to confirm by fetching `subscribe_url` (ingest does,
+    /// for hosts its allowlist permits).
+    ConfirmSubscription {
+        topic_arn: String,
+        subscribe_url: String,
+    },
+    /// Amazon SNS says the endpoint was unsubscribed from the topic.
+    Unsubscribed { topic_arn: String },
+    /// A valid body that asks nothing of any incident (a test message, a state Tocsin does not
+    /// act on); the reason is told back to the sender.
+    Ignored(String),
+}
+
+/// What one source's parser read from one body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reading {
+    signals: Vec<AlertSignal>,
+    notice: Option<Notice>,
+}
+
+impl Reading {
+    fn one(signal: AlertSignal) -> Self {
+        Reading {
+            signals: vec![signal],
+            notice: None,
+        }
+    }
+
+    fn notice(notice: Notice) -> Self {
+        Reading {
+            signals: Vec::new(),
+            notice: Some(notice),
+        }
+    }
+
+    fn ignored(reason: impl Into<String>) -> Self {
+        Reading::notice(Notice::Ignored(reason.into()))
+    }
+}
+
+impl From<Vec<AlertSignal>> for Reading {
+    fn from(signals: Vec<AlertSignal>) -> Self {
+        Reading {
+            signals,
+            notice: None,
+        }
+    }
 }
 
 /// Why a body was refused. `Syntax` answers 400; `Invalid` answers 422 naming the field.
@@ -135,14 +257,66 @@ pub fn parse(body: &[u8], format: Option<AlertFormat>) -> Result<ParsedAlerts, A
         Some(format) => format,
         None => detect(&value)?,
     };
-    let signals = match format {
-        AlertFormat::Alertmanager => alertmanager::parse(value)?,
-        AlertFormat::Grafana => grafana::parse(value)?,
-        AlertFormat::PagerDuty => pagerduty::parse(value)?,
-        AlertFormat::Generic => generic::parse(value)?,
+    let reading = match format {
+        AlertFormat::Alertmanager => alertmanager::parse(value)?.into(),
+        AlertFormat::Grafana => grafana::parse(value)?.into(),
+        AlertFormat::PagerDuty => pagerduty::parse(value)?.into(),
+        AlertFormat::Generic => generic::parse(value)?.into(),
+        AlertFormat::CloudWatch => cloudwatch::parse(value)?,
+        AlertFormat::Azure => azure::parse(value)?,
+        AlertFormat::Google => google::parse(value)?,
+        AlertFormat::Sentry => sentry::parse(value)?,
+        AlertFormat::Datadog => datadog::parse(value)?,
+        AlertFormat::NewRelic => newrelic::parse(value)?,
+        AlertFormat::Kibana => kibana::parse(value)?,
+        AlertFormat::Zabbix => zabbix::parse(value)?,
+        AlertFormat::UptimeKuma => uptimekuma::parse(value)?,
+        AlertFormat::Opsgenie => opsgenie::parse(value)?,
     };
-    let signals = signals.into_iter().map(without_nul).collect();
-    Ok(ParsedAlerts { format, signals })
+    Ok(finish(format, reading))
+}
+
+/// Parses the body of an Opsgenie Alert API call on an existing alert,
+/// `POST /v2/alerts/{identifier}/close` or `/acknowledge`, whose identifier and
+/// `identifierType` come from the request's path and query. An empty body counts as `{}`.
+pub fn parse_opsgenie_action(
+    body: &[u8],
+    identifier: &str,
+    identifier_type: Option<&str>,
+    action: OpsgenieAction,
+) -> Result<ParsedAlerts, AlertError> {
+    let value: serde_json::Value = if body.iter().all(u8::is_ascii_whitespace) {
+        serde_json::Value::Object(Map::new())
+    } else {
+        serde_json::from_slice(body).map_err(|e| AlertError::Syntax(e.to_string()))?
+    };
+    let reading = opsgenie::parse_action(value, identifier, identifier_type, action)?;
+    Ok(finish(AlertFormat::Opsgenie, reading))
+}
+
+fn finish(format: AlertFormat, reading: Reading) -> ParsedAlerts {
+    ParsedAlerts {
+        format,
+        signals: reading.signals.into_iter().map(without_nul).collect(),
+        notice: reading.notice.map(notice_without_nul),
+    }
+}
+
+fn notice_without_nul(notice: Notice) -> Notice {
+    let clean = |text: String| text.replace('\0', "");
+    match notice {
+        Notice::ConfirmSubscription {
+            topic_arn,
+            subscribe_url,
+        } => Notice::ConfirmSubscription {
+            topic_arn: clean(topic_arn),
+            subscribe_url,
+        },
+        Notice::Unsubscribed { topic_arn } => Notice::Unsubscribed {
+            topic_arn: clean(topic_arn),
+        },
+        Notice::Ignored(reason) => Notice::Ignored(clean(reason)),
+    }
 }
 
 /// PostgreSQL text cannot hold NUL: drop it from every stored string (titles already turn
@@ -169,13 +343,20 @@ fn without_nul(mut signal: AlertSignal) -> AlertSignal {
 
 /// Detects the format from the body's distinctive fields (docs/ingest.md, "Format detection"):
 /// `event_action` or `routing_key` → PagerDuty; an `alerts` field with `orgId`, `state` or
-/// `version` "1" → Grafana; any other body with `alerts` → Alertmanager; anything else → generic.
-/// A field whose value is `null` counts as absent.
+/// `version` "1" → Grafana; any other body with `alerts` → Alertmanager. A body without
+/// `dedup_key` (which the generic format requires) may then be one of the vendor shapes that
+/// cannot be mistaken: SNS's `Type` and `TopicArn` → CloudWatch; `schemaId`
+/// "azureMonitorCommonAlertSchema" → Azure; an `incident` object with a string `version` →
+/// Google; an `installation` object with a `data` object → Sentry; `heartbeat` and `monitor`
+/// objects with a string `msg` → Uptime Kuma. Anything else → generic. A field whose value is
+/// `null` counts as absent.
 pub fn detect(value: &serde_json::Value) -> Result<AlertFormat, AlertError> {
     let Some(object) = value.as_object() else {
         return Err(AlertError::invalid("body", "must be a JSON object"));
     };
     let has = |name: &str| object.get(name).is_some_and(|value| !value.is_null());
+    let is_string = |name: &str| object.get(name).is_some_and(Value::is_string);
+    let is_object = |name: &str| object.get(name).is_some_and(Value::is_object);
     let format = if has("event_action") || has("routing_key") {
         AlertFormat::PagerDuty
     } else if has("alerts") {
@@ -185,6 +366,18 @@ pub fn detect(value: &serde_json::Value) -> Result<AlertFormat, AlertError> {
         } else {
             AlertFormat::Alertmanager
         }
+    } else if has("dedup_key") {
+        AlertFormat::Generic
+    } else if is_string("Type") && is_string("TopicArn") {
+        AlertFormat::CloudWatch
+    } else if object.get("schemaId").and_then(Value::as_str) == Some(azure::SCHEMA_ID) {
+        AlertFormat::Azure
+    } else if is_object("incident") && is_string("version") {
+        AlertFormat::Google
+    } else if is_object("installation") && is_object("data") {
+        AlertFormat::Sentry
+    } else if is_object("heartbeat") && is_object("monitor") && is_string("msg") {
+        AlertFormat::UptimeKuma
     } else {
         AlertFormat::Generic
     };
@@ -260,6 +453,27 @@ fn labels<'a>(pairs: impl IntoIterator<Item = (&'a str, String)>) -> BTreeMap<St
         .map(|(key, value)| (clean(key), clean(&value)))
         .take(MAX_LABELS)
         .collect()
+}
+
+/// Tags written `key:value` (Datadog's, Opsgenie's and many users' convention) as label pairs,
+/// split at the first `:`; a tag without one becomes `<tag>=true`.
+fn tag_labels<'a>(tags: impl IntoIterator<Item = &'a str>) -> Vec<(&'a str, String)> {
+    tags.into_iter()
+        .map(str::trim)
+        .filter(|tag| !tag.is_empty())
+        .map(|tag| match tag.split_once(':') {
+            Some((key, value)) => (key.trim(), value.trim().to_owned()),
+            None => (tag, "true".to_owned()),
+        })
+        .collect()
+}
+
+/// A priority `P1`..`P5` (Opsgenie's, Datadog's), case-insensitive, as `SEV1`..`SEV5`.
+fn priority(word: &str) -> Option<Severity> {
+    match word.trim().as_bytes() {
+        [b'P' | b'p', digit @ b'1'..=b'5'] => Severity::ALL.get(usize::from(digit - b'1')).copied(),
+        _ => None,
+    }
 }
 
 /// A source: trimmed, `None` when empty, cut to 255 characters.
@@ -354,6 +568,58 @@ impl<'a> Object<'a> {
         }
     }
 
+    /// An identifier sent as a string or as an integer (vendors differ, and some change over
+    /// time), trimmed; `None` when absent or blank.
+    fn id(&self, name: &str) -> Result<Option<String>, AlertError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(text)) => Ok(Some(text.trim())
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned)),
+            Some(Value::Number(number)) if number.is_i64() || number.is_u64() => {
+                Ok(Some(number.to_string()))
+            }
+            Some(_) => Err(AlertError::invalid(
+                self.path_of(name),
+                "must be a string or an integer",
+            )),
+        }
+    }
+
+    /// An [`Object::id`] that must be present.
+    fn required_id(&self, name: &str) -> Result<String, AlertError> {
+        self.id(name)?
+            .ok_or_else(|| AlertError::invalid(self.path_of(name), "is required"))
+    }
+
+    /// An object field that must be present.
+    fn required_object(&self, name: &str) -> Result<Object<'a>, AlertError> {
+        self.object(name)?
+            .ok_or_else(|| AlertError::invalid(self.path_of(name), "is required"))
+    }
+
+    /// An array of strings, trimmed, blanks dropped; empty when absent. An entry that is not a
+    /// string is refused naming `<path>[i]`.
+    fn strings(&self, name: &str) -> Result<Vec<&'a str>, AlertError> {
+        let Some(items) = self.array(name)? else {
+            return Ok(Vec::new());
+        };
+        let path = self.path_of(name);
+        items
+            .iter()
+            .enumerate()
+            .filter(|(_, item)| !item.is_null())
+            .map(|(i, item)| match item {
+                Value::String(text) => Ok(text.trim()),
+                _ => Err(AlertError::invalid(
+                    format!("{path}[{i}]"),
+                    "must be a string",
+                )),
+            })
+            .filter(|text| text.as_ref().map_or(true, |t| !t.is_empty()))
+            .collect()
+    }
+
     /// An object of string values (labels, annotations), sorted by key; empty when absent.
     /// A value that is not a string is refused naming `<path>.<key>`.
     fn string_map(&self, name: &str) -> Result<BTreeMap<&'a str, &'a str>, AlertError> {
@@ -417,6 +683,136 @@ mod tests {
             AlertFormat::Generic,
         ),
     ];
+
+    /// Every sample body of the sources chosen by a token or `?format=`, with its format and
+    /// the format detection picks for it (generic for the bodies users template).
+    const SOURCE_FIXTURES: [(&str, AlertFormat, AlertFormat); 29] = {
+        use AlertFormat::*;
+        macro_rules! fixture {
+            ($name:literal) => {
+                include_str!(concat!("../../tests/fixtures/alerts/", $name))
+            };
+        }
+        [
+            (
+                fixture!("cloudwatch-sns-alarm.json"),
+                CloudWatch,
+                CloudWatch,
+            ),
+            (fixture!("cloudwatch-sns-ok.json"), CloudWatch, CloudWatch),
+            (
+                fixture!("cloudwatch-sns-subscription-confirmation.json"),
+                CloudWatch,
+                CloudWatch,
+            ),
+            (
+                fixture!("cloudwatch-sns-unsubscribe-confirmation.json"),
+                CloudWatch,
+                CloudWatch,
+            ),
+            (fixture!("azure-fired.json"), Azure, Azure),
+            (fixture!("azure-resolved.json"), Azure, Azure),
+            (fixture!("google-open.json"), Google, Google),
+            (fixture!("google-closed.json"), Google, Google),
+            (fixture!("sentry-issue-alert.json"), Sentry, Sentry),
+            (fixture!("sentry-issue-assigned.json"), Sentry, Sentry),
+            (fixture!("sentry-issue-resolved.json"), Sentry, Sentry),
+            (
+                fixture!("sentry-metric-alert-critical.json"),
+                Sentry,
+                Sentry,
+            ),
+            (
+                fixture!("sentry-metric-alert-resolved.json"),
+                Sentry,
+                Sentry,
+            ),
+            (fixture!("datadog-triggered.json"), Datadog, Generic),
+            (fixture!("datadog-recovered.json"), Datadog, Generic),
+            (fixture!("newrelic-activated.json"), NewRelic, Generic),
+            (fixture!("newrelic-acknowledged.json"), NewRelic, Generic),
+            (fixture!("newrelic-closed.json"), NewRelic, Generic),
+            (fixture!("kibana-active.json"), Kibana, Generic),
+            (fixture!("kibana-recovered.json"), Kibana, Generic),
+            (fixture!("zabbix-problem.json"), Zabbix, Generic),
+            (fixture!("zabbix-acknowledged.json"), Zabbix, Generic),
+            (fixture!("zabbix-resolved.json"), Zabbix, Generic),
+            (fixture!("uptimekuma-down.json"), UptimeKuma, UptimeKuma),
+            (fixture!("uptimekuma-up.json"), UptimeKuma, UptimeKuma),
+            (fixture!("opsgenie-create.json"), Opsgenie, Generic),
+            (fixture!("generic-firing.json"), Generic, Generic),
+            (fixture!("pagerduty-trigger.json"), PagerDuty, PagerDuty),
+            (fixture!("grafana-firing.json"), Grafana, Grafana),
+        ]
+    };
+
+    #[test]
+    fn every_source_fixture_parses_as_its_source_and_detection_is_as_documented() {
+        for (body, format, detected) in SOURCE_FIXTURES {
+            let value: Value = serde_json::from_str(body).unwrap();
+            assert_eq!(detect(&value).unwrap(), detected, "{body}");
+            let parsed = parse(body.as_bytes(), Some(format)).unwrap();
+            assert_eq!(parsed.format, format);
+            assert_eq!(
+                parsed.signals.len() + usize::from(parsed.notice.is_some()),
+                1,
+                "{body}"
+            );
+            for signal in &parsed.signals {
+                assert!(signal.dedup_key.starts_with(&format!("{format}:")));
+            }
+            if detected == format {
+                assert_eq!(parse(body.as_bytes(), None).unwrap(), parsed);
+            }
+        }
+    }
+
+    #[test]
+    fn a_body_with_a_dedup_key_is_still_generic() {
+        // Every body the generic format accepts is detected as before.
+        let cases = [
+            json!({"title": "t", "dedup_key": "k", "Type": "Notification", "TopicArn": "a"}),
+            json!({"title": "t", "dedup_key": "k", "schemaId": "azureMonitorCommonAlertSchema"}),
+            json!({"title": "t", "dedup_key": "k", "incident": {}, "version": "1.2"}),
+            json!({"title": "t", "dedup_key": "k", "installation": {}, "data": {}}),
+            json!({"title": "t", "dedup_key": "k", "heartbeat": {}, "monitor": {}, "msg": "m"}),
+        ];
+        for value in cases {
+            assert_eq!(detect(&value).unwrap(), AlertFormat::Generic, "{value}");
+        }
+    }
+
+    #[test]
+    fn opsgenie_actions_take_an_empty_body() {
+        for body in [&b""[..], b"  ", b"{}"] {
+            let parsed =
+                parse_opsgenie_action(body, "a/b", Some("alias"), OpsgenieAction::Close).unwrap();
+            assert_eq!(parsed.format, AlertFormat::Opsgenie);
+            assert_eq!(parsed.signals[0].dedup_key, "opsgenie:a/b");
+            assert_eq!(parsed.signals[0].action, AlertAction::Resolve);
+        }
+        assert!(matches!(
+            parse_opsgenie_action(b"{", "a", None, OpsgenieAction::Close),
+            Err(AlertError::Syntax(_))
+        ));
+    }
+
+    #[test]
+    fn priorities_and_tags() {
+        assert_eq!(priority("P1"), Some(Severity::SEV1));
+        assert_eq!(priority(" p5 "), Some(Severity::SEV5));
+        for bad in ["P0", "P6", "P", "P12", "high"] {
+            assert_eq!(priority(bad), None, "{bad}");
+        }
+        assert_eq!(
+            tag_labels(["env:prod", " a : b:c ", "solo", " "]),
+            [
+                ("env", "prod".to_owned()),
+                ("a", "b:c".to_owned()),
+                ("solo", "true".to_owned())
+            ]
+        );
+    }
 
     #[test]
     fn every_format_gives_the_labels_an_incident_keeps() {
@@ -543,7 +939,11 @@ mod tests {
     fn format_names_round_trip() {
         for format in AlertFormat::ALL {
             assert_eq!(format.as_str().parse::<AlertFormat>().unwrap(), format);
+            let key = dedup_key(format, &["a:b"]);
+            assert_eq!(AlertFormat::of_dedup_key(&key), Some(format));
         }
+        assert_eq!(AlertFormat::of_dedup_key("nagios:x"), None);
+        assert_eq!(AlertFormat::of_dedup_key("generic"), None);
         assert!("prometheus".parse::<AlertFormat>().is_err());
     }
 
@@ -613,6 +1013,47 @@ mod tests {
         "links",
         "images",
         "timestamp",
+        "Type",
+        "TopicArn",
+        "Message",
+        "SubscribeURL",
+        "AlarmName",
+        "NewStateValue",
+        "AlarmArn",
+        "Trigger",
+        "Dimensions",
+        "schemaId",
+        "data",
+        "essentials",
+        "alertId",
+        "alertRule",
+        "monitorCondition",
+        "configurationItems",
+        "incident",
+        "incident_id",
+        "policy_user_labels",
+        "documentation",
+        "event",
+        "issue",
+        "metric_alert",
+        "issue_id",
+        "tags",
+        "aggreg_key",
+        "transition",
+        "priority",
+        "id",
+        "rule_id",
+        "alert_id",
+        "action_group",
+        "event_id",
+        "event_value",
+        "event_update_status",
+        "event_tags",
+        "heartbeat",
+        "monitor",
+        "msg",
+        "alias",
+        "details",
     ];
 
     /// Values the parsers give meaning to.
@@ -637,6 +1078,26 @@ mod tests {
         "",
         " ",
         "\u{0}\u{1b}",
+        "Notification",
+        "SubscriptionConfirmation",
+        "ALARM",
+        "OK",
+        "INSUFFICIENT_DATA",
+        "azureMonitorCommonAlertSchema",
+        "Fired",
+        "Resolved",
+        "Sev0",
+        "open",
+        "closed",
+        "triggered",
+        "assigned",
+        "Recovered",
+        "P1",
+        "ACTIVATED",
+        "CLOSED",
+        "recovered",
+        "0",
+        "{\"AlarmName\":\"a\",\"NewStateValue\":\"ALARM\"}",
     ];
 
     fn key() -> impl Strategy<Value = String> {
@@ -729,7 +1190,7 @@ mod tests {
         for format in formats {
             match parse(body, format) {
                 Ok(parsed) => {
-                    prop_assert!(!parsed.signals.is_empty());
+                    prop_assert!(!parsed.signals.is_empty() || parsed.notice.is_some());
                     if let Some(format) = format {
                         prop_assert_eq!(parsed.format, format);
                     }
@@ -854,10 +1315,13 @@ mod tests {
 
         #[test]
         fn mutated_fixtures_never_panic(
-            index in 0..FIXTURES.len(),
+            index in 0..FIXTURES.len() + SOURCE_FIXTURES.len(),
             mutations in prop::collection::vec(mutation(), 0..4),
         ) {
-            let (body, _) = FIXTURES[index];
+            let body = match FIXTURES.get(index) {
+                Some((body, _)) => body,
+                None => SOURCE_FIXTURES[index - FIXTURES.len()].0,
+            };
             let mut value: Value = serde_json::from_str(body).unwrap();
             for mutation in mutations {
                 mutate(&mut value, mutation);

@@ -3,24 +3,28 @@
 
 use serde_json::Value;
 
-use super::{AlertError, AlertSignal};
-
-/// One format's parser.
-type Parse = fn(Value) -> Result<Vec<AlertSignal>, AlertError>;
+use super::{AlertError, AlertSignal, Reading};
 
 pub(super) fn fixture(text: &str) -> Value {
     serde_json::from_str(text).unwrap()
 }
 
-/// The one signal `parse` gives for `value`.
-pub(super) fn one(parse: Parse, value: Value) -> AlertSignal {
-    let mut signals = parse(value).unwrap();
-    assert_eq!(signals.len(), 1);
-    signals.remove(0)
+/// The one signal `parse` gives for `value` (a parser returns signals or a [`Reading`]).
+pub(super) fn one<R: Into<Reading>>(
+    parse: impl Fn(Value) -> Result<R, AlertError>,
+    value: Value,
+) -> AlertSignal {
+    let mut reading: Reading = parse(value).unwrap().into();
+    assert_eq!(reading.signals.len(), 1, "{reading:?}");
+    assert_eq!(reading.notice, None);
+    reading.signals.remove(0)
 }
 
 /// The field and message of the error `parse` gives for `value`.
-pub(super) fn error(parse: Parse, value: Value) -> (String, String) {
+pub(super) fn error<R: Into<Reading> + std::fmt::Debug>(
+    parse: impl Fn(Value) -> Result<R, AlertError>,
+    value: Value,
+) -> (String, String) {
     match parse(value) {
         Err(AlertError::Invalid { field, message }) => (field, message),
         other => panic!("expected Invalid, got {other:?}"),

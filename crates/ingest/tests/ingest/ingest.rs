@@ -1,188 +1,12 @@
 //! The inbound endpoint against the real PostgreSQL and RabbitMQ, with bodies exactly as each
 //! tool sends them (crates/domain/tests/fixtures/alerts).
 
-use std::time::Duration;
-
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use lapin::options::BasicGetOptions;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use tocsin_broker::messages::EventMessage;
-use tocsin_broker::Broker;
-use tocsin_ingest::Config;
 use tocsin_storage::{outbox, tokens};
-use tocsin_testkit::{amqp_url, wait_for, wait_until, TcpProxy, TestDb, TestPrefix};
-use tocsin_web::config::CommonConfig;
+use tocsin_testkit::{wait_for, wait_until, TcpProxy, TestDb};
 
-const DEADLINE: Duration = Duration::from_secs(15);
-
-fn fixture(name: &str) -> String {
-    let path = format!(
-        "{}/../domain/tests/fixtures/alerts/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-struct TestIngest {
-    db: TestDb,
-    prefix: TestPrefix,
-    base: String,
-    token: String,
-    client: reqwest::Client,
-    observer: Broker,
-    stop: tokio_util::sync::CancellationToken,
-    running: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
-
-struct Options {
-    database_url: Option<String>,
-    amqp_url: Option<String>,
-    body_limit: usize,
-    rate_limit: u32,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            database_url: None,
-            amqp_url: None,
-            body_limit: 512 * 1024,
-            rate_limit: 0,
-        }
-    }
-}
-
-impl TestIngest {
-    async fn start() -> Self {
-        Self::start_with(Options::default(), TestDb::new().await).await
-    }
-
-    async fn start_with(options: Options, db: TestDb) -> Self {
-        let prefix = TestPrefix::new();
-        let mut common = CommonConfig::new(
-            options.database_url.as_deref().unwrap_or(&db.url),
-            options.amqp_url.as_deref().unwrap_or(&amqp_url()),
-            &prefix.prefix,
-        );
-        common.db_pool_size = 20;
-        common.shutdown_timeout = Duration::from_secs(3);
-        let mut config = Config::for_tests(common);
-        config.body_limit = options.body_limit;
-        config.rate_limit = options.rate_limit;
-        config.rate_burst = options.rate_limit;
-        let app = tocsin_ingest::build(config).await.expect("building ingest");
-        let base = format!("http://127.0.0.1:{}", app.port());
-        let stop = app.stop_token();
-        let running = tokio::spawn(app.run_until_stopped());
-        let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-        let (_, token) = tokens::create(&mut conn, "test").await.unwrap();
-        // No webhook: every event is published to the events exchange whoever subscribes.
-        let observer = CommonConfig::new(&db.url, &amqp_url(), &prefix.prefix).broker("observer");
-        observer.check().await.unwrap();
-        TestIngest {
-            db,
-            prefix,
-            base,
-            token: token.expose().to_owned(),
-            client: reqwest::Client::new(),
-            observer,
-            stop,
-            running,
-        }
-    }
-
-    async fn post(&self, body: &str) -> (StatusCode, Value) {
-        self.post_with(body, Some(&self.token), "application/json", "")
-            .await
-    }
-
-    async fn post_with(
-        &self,
-        body: &str,
-        token: Option<&str>,
-        content_type: &str,
-        query: &str,
-    ) -> (StatusCode, Value) {
-        let mut request = self
-            .client
-            .post(format!("{}/api/v1/webhooks/alerts{query}", self.base))
-            .header("content-type", content_type)
-            .body(body.to_owned());
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await.expect("sending to ingest");
-        let status = response.status();
-        let body = response.json().await.unwrap_or(Value::Null);
-        (status, body)
-    }
-
-    async fn conn(&self) -> AsyncPgConnection {
-        AsyncPgConnection::establish(&self.db.url).await.unwrap()
-    }
-
-    async fn count(&self, table: &str) -> i64 {
-        self.db.count(table).await
-    }
-
-    /// Events published to the events exchange so far (read from the fan-out queue), with
-    /// their bodies from the events table.
-    async fn published_events(&self) -> Vec<(String, Value)> {
-        let channel = self.observer.channel().await.unwrap();
-        let mut events = Vec::new();
-        while let Some(message) = channel
-            .basic_get(
-                self.observer.topology().fanout_queue().as_str().into(),
-                BasicGetOptions { no_ack: true },
-            )
-            .await
-            .unwrap()
-        {
-            let message = EventMessage::from_bytes(&message.delivery.data).unwrap();
-            #[derive(diesel::QueryableByName)]
-            struct Event {
-                #[diesel(sql_type = diesel::sql_types::Text)]
-                kind: String,
-                #[diesel(sql_type = diesel::sql_types::Text)]
-                body: String,
-            }
-            let mut conn = self.conn().await;
-            let event = diesel::sql_query("SELECT kind, body FROM events WHERE id = $1")
-                .bind::<diesel::sql_types::Uuid, _>(message.event_id)
-                .load::<Event>(&mut conn)
-                .await
-                .unwrap()
-                .remove(0);
-            assert_eq!(
-                event.kind,
-                message.event.as_str(),
-                "the message names the event's kind"
-            );
-            events.push((event.kind, serde_json::from_str(&event.body).unwrap()));
-        }
-        events
-    }
-
-    /// Waits until `n` events were published (in all) and returns them.
-    async fn wait_events(&self, n: usize) -> Vec<(String, Value)> {
-        let seen = std::sync::Mutex::new(Vec::new());
-        wait_until(&format!("{n} published events"), DEADLINE, || async {
-            let more = self.published_events().await;
-            let mut seen = seen.lock().unwrap();
-            seen.extend(more);
-            seen.len() >= n
-        })
-        .await;
-        seen.into_inner().unwrap()
-    }
-
-    async fn stop(self) {
-        self.stop.cancel();
-        self.running.await.unwrap().unwrap();
-        drop(self.prefix);
-    }
-}
+use crate::common::{fixture, Options, TestIngest, DEADLINE};
 
 /// name, body, token, content type, query, expected status, expected field.
 type Case = (
@@ -589,7 +413,10 @@ async fn every_refusal_answers_its_status_and_writes_nothing() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
-    assert_eq!(response.headers()["www-authenticate"], "Bearer");
+    assert_eq!(
+        response.headers()["www-authenticate"],
+        r#"Bearer realm="tocsin", Basic realm="tocsin""#
+    );
     assert_eq!(ingest.count("incidents").await, 0);
     assert_eq!(ingest.count("events").await, 0);
     assert_eq!(ingest.count("outbox").await, 0);
@@ -606,7 +433,10 @@ async fn every_refusal_answers_its_status_and_writes_nothing() {
         .post_with(good, Some(token.expose()), "application/json", "")
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert_eq!(body["error"]["message"], "a valid bearer token is required");
+    assert_eq!(
+        body["error"]["message"],
+        "a valid inbound token is required"
+    );
     ingest.stop().await;
 }
 

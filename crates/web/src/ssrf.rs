@@ -1,4 +1,5 @@
-//! SSRF rules for targets: loopback, private, link-local, CGNAT, multicast,
+//! SSRF rules for the addresses the services make requests to (webhook targets, SNS
+//! subscription confirmations): loopback, private, link-local, CGNAT, multicast,
 //! unspecified and reserved addresses, their IPv6 equivalents and IPv4-mapped forms are refused
 //! unless an allowlisted CIDR covers them. The check runs in the DNS resolver the HTTP client
 //! connects through, so the address checked is the address connected to (no DNS rebinding), and
