@@ -7,6 +7,7 @@ use tocsin_domain::IncidentStatus;
 use tocsin_storage::deliveries::Delivery;
 use tocsin_storage::incidents::{self, Incident};
 use tocsin_storage::outbox::NewEvent;
+use tocsin_storage::replays::{self, NewReplay, Replay};
 use tocsin_storage::webhooks::{self, NewWebhook, Webhook};
 use uuid::Uuid;
 
@@ -110,6 +111,60 @@ pub async fn recover(
     }
     tracing::info!(webhook = %id, retried, sent_waiting, "deliveries recovered");
     Ok((retried, sent_waiting))
+}
+
+/// A replay as asked for, checked: `since` (and `until`, after it) RFC 3339 times, `events`
+/// known kinds (422 naming the field otherwise).
+pub fn replay_request(
+    webhook_id: Uuid,
+    since: &str,
+    until: Option<&str>,
+    events: Option<&[String]>,
+) -> Result<NewReplay, AdminError> {
+    let since = crate::params::rfc3339(since).map_err(|e| AdminError::invalid("since", e))?;
+    let until = until
+        .map(|text| crate::params::rfc3339(text).map_err(|e| AdminError::invalid("until", e)))
+        .transpose()?;
+    if until.is_some_and(|until| until <= since) {
+        return Err(AdminError::invalid("until", "must be after `since`"));
+    }
+    let kinds = events
+        .map(|kinds| {
+            if kinds.is_empty() {
+                return Err(AdminError::invalid(
+                    "events",
+                    "must name at least one kind, or be left out",
+                ));
+            }
+            kinds
+                .iter()
+                .enumerate()
+                .map(|(i, kind)| {
+                    kind.parse::<tocsin_domain::EventKind>()
+                        .map_err(|e| AdminError::invalid(format!("events[{i}]"), e))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?;
+    Ok(NewReplay {
+        webhook_id,
+        since,
+        until,
+        kinds,
+    })
+}
+
+/// Records a replay of past events to a webhook (404 for a deleted one); dispatchers work
+/// through it.
+#[tracing::instrument(skip_all, fields(id = %request.webhook_id))]
+pub async fn replay(state: &AdminState, request: &NewReplay) -> Result<Replay, AdminError> {
+    let mut conn = state.conn().await?;
+    webhooks::get(&mut conn, request.webhook_id)
+        .await
+        .or_not_found("webhook")?;
+    let replay = replays::create(&mut conn, request).await?;
+    tracing::info!(webhook = %request.webhook_id, replay = %replay.id, "replay recorded");
+    Ok(replay)
 }
 
 /// Moves an incident to another status and records the events it emits.

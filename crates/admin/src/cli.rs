@@ -13,7 +13,8 @@ use crate::config::{
     DeliveriesAction, DeliveriesArgs, MigrateArgs, ParkedAction, ParkedArgs, PruneArgs,
     TokenAction, TokenArgs,
 };
-use crate::routes::tokens::parse_name;
+use crate::error::AdminError;
+use crate::routes::tokens::{CheckedToken, NewToken};
 
 /// Migrates, then connects.
 async fn connect(url: &str) -> anyhow::Result<AsyncPgConnection> {
@@ -149,6 +150,30 @@ pub async fn deliveries(args: DeliveriesArgs) -> anyhow::Result<()> {
             }
             eprintln!("enqueued a manual attempt of delivery {id}");
         }
+        DeliveriesAction::Replay {
+            webhook,
+            since,
+            until,
+            events,
+        } => {
+            let request = crate::actions::replay_request(
+                webhook,
+                &since,
+                until.as_deref(),
+                events.as_deref(),
+            )
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            if let Err(DbError::NotFound) = tocsin_storage::webhooks::get(&mut conn, webhook).await
+            {
+                anyhow::bail!("no webhook {webhook}");
+            }
+            let replay = tocsin_storage::replays::create(&mut conn, &request).await?;
+            writeln!(out, "{}", replay.id)?;
+            eprintln!(
+                "recorded replay {} of webhook {webhook}; dispatchers make its deliveries",
+                replay.id
+            );
+        }
         DeliveriesAction::Recover { webhook, since } => {
             let recovered =
                 crate::store::recover(&mut conn, webhook, since, crate::actions::undeliverable)
@@ -173,17 +198,41 @@ pub async fn run(args: TokenArgs) -> anyhow::Result<()> {
     let mut conn = connect(&args.common.database_url).await?;
     let mut out = std::io::stdout().lock();
     match args.action {
-        TokenAction::Create { name } => {
-            let name = parse_name(&name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
-            let (record, token) = tokens::create(&mut conn, &name).await?;
+        TokenAction::Create {
+            name,
+            source,
+            basic_auth,
+            query_token,
+            signing_secret,
+        } => {
+            let new = NewToken {
+                name,
+                source,
+                basic_auth,
+                query_token,
+                signing_secret,
+            };
+            let checked = CheckedToken::check(new).map_err(|error| match error {
+                AdminError::Invalid { field, message } => {
+                    anyhow::anyhow!("--{}: {message}", field.replace('_', "-"))
+                }
+                other => anyhow::anyhow!("{other}"),
+            })?;
+            let (record, token) = tokens::issue(&mut conn, &checked.as_new()).await?;
             writeln!(out, "{}", token.expose())?;
             eprintln!(
-                "created inbound token {} ({name}, prefix {}); it is shown only this once",
-                record.id, record.lookup
+                "created inbound token {} ({}, prefix {}{}); it is shown only this once",
+                record.id,
+                record.name,
+                record.lookup,
+                record
+                    .source
+                    .as_deref()
+                    .map_or_else(String::new, |source| format!(", source {source}"))
             );
         }
         TokenAction::List => {
-            writeln!(out, "ID\tNAME\tPREFIX\tCREATED\tLAST USED\tREVOKED")?;
+            writeln!(out, "ID\tNAME\tPREFIX\tSOURCE\tCREATED\tLAST USED\tREVOKED")?;
             let mut page = Page {
                 limit: Page::MAX_LIMIT,
                 cursor: None,
@@ -196,10 +245,11 @@ pub async fn run(args: TokenArgs) -> anyhow::Result<()> {
                     };
                     writeln!(
                         out,
-                        "{}\t{}\t{}\t{}\t{}\t{}",
+                        "{}\t{}\t{}\t{}\t{}\t{}\t{}",
                         t.id,
                         t.name,
                         t.lookup,
+                        t.source.as_deref().unwrap_or("-"),
                         tocsin_domain::rfc3339_utc::format(t.created_at),
                         time(t.last_used_at),
                         time(t.revoked_at)

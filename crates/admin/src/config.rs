@@ -270,6 +270,22 @@ pub enum DeliveriesAction {
         #[arg(long, value_parser = parse_rfc3339)]
         since: time::OffsetDateTime,
     },
+    /// Give a webhook the past events of a window it has no delivery of (dispatchers make the
+    /// deliveries in the background, marked replayed); prints the replay's id.
+    Replay {
+        /// The webhook's id.
+        #[arg(long)]
+        webhook: Uuid,
+        /// RFC 3339 time: events at or after it.
+        #[arg(long)]
+        since: String,
+        /// RFC 3339 time: events before it (default now).
+        #[arg(long)]
+        until: Option<String>,
+        /// Only these event kinds, comma-separated (default every kind it subscribes to).
+        #[arg(long, value_delimiter = ',')]
+        events: Option<Vec<String>>,
+    },
 }
 
 /// `tocsin-admin prune`.
@@ -306,6 +322,19 @@ pub enum TokenAction {
         /// A name telling the token apart (1 to 100 characters), e.g. the sending tool.
         #[arg(long)]
         name: String,
+        /// The alert source its bodies are read as (`cloudwatch`, `azure`, `sentry`, ...;
+        /// docs/ingest.md); without it, each body's format is detected.
+        #[arg(long)]
+        source: Option<String>,
+        /// Also accept HTTP basic authentication with the token as password.
+        #[arg(long)]
+        basic_auth: bool,
+        /// Also accept the token in the `token` query parameter.
+        #[arg(long)]
+        query_token: bool,
+        /// The secret a `sentry` source signs its bodies with (its client secret).
+        #[arg(long, env = "TOCSIN_TOKEN_SIGNING_SECRET", hide_env_values = true)]
+        signing_secret: Option<String>,
     },
     /// List tokens, newest first (never their secrets).
     List,
@@ -361,7 +390,7 @@ mod tests {
         let Command::Token(args) = cli.into_command() else {
             panic!("a token command");
         };
-        assert!(matches!(args.action, TokenAction::Create { name } if name == "grafana"));
+        assert!(matches!(args.action, TokenAction::Create { name, .. } if name == "grafana"));
         let cli = Cli::try_parse_from([
             "tocsin-admin",
             "token",

@@ -41,6 +41,7 @@ pub const INGEST_SCHEME: &str = "inbound_token";
         webhooks::rotate_secret,
         webhooks::send_test_event,
         webhooks::recover,
+        webhooks::replay,
         deliveries::list,
         deliveries::get,
         deliveries::retry,
@@ -62,8 +63,10 @@ pub const INGEST_SCHEME: &str = "inbound_token";
         schema::EventKind,
         schema::IncidentStatus,
         schema::Severity,
+        schema::AlertSource,
         schema::DeliveryState,
         schema::WaitReason,
+        schema::Ordering,
         schema::AttemptTrigger,
         schema::AttemptError,
         AlertsAccepted,
@@ -117,6 +120,11 @@ struct AlertsAccepted {
     incidents: Vec<TouchedIncident>,
     /// PagerDuty senders only: the dedup key, generated when the event had none.
     dedup_key: Option<String>,
+    /// A body that touched no incident: `subscription_confirmed` (an SNS subscription
+    /// confirmation, fetched), `unsubscribed` (SNS's notice) or `ignored` (see `reason`).
+    notice: Option<String>,
+    /// Why an `ignored` body changed nothing (a test message, a state Tocsin does not act on).
+    reason: Option<String>,
 }
 
 /// What an alert did to one incident.
@@ -140,20 +148,26 @@ struct TouchedIncident {
 }
 
 /// Receives an alert from a monitoring tool (served by `tocsin-ingest`, documented here).
-/// Prometheus Alertmanager, Grafana, PagerDuty Events API v2 and Tocsin's generic JSON are
-/// detected from the body; `?format=` names one instead.
+/// Prometheus Alertmanager, Grafana, PagerDuty Events API v2, Tocsin's generic JSON and the
+/// vendor bodies that cannot be mistaken (SNS, Azure, Google Cloud Monitoring, Sentry, Uptime
+/// Kuma) are detected from the body; a token bound to a source, or `?format=`, names it
+/// instead (docs/ingest.md lists every source).
 #[utoipa::path(
     post,
     path = "/api/v1/webhooks/alerts",
     operation_id = "receiveAlerts",
     tag = "ingest",
-    params(("format" = Option<String>, Query, description = "`alertmanager`, `grafana`, `pagerduty` or `generic`; skips detection")),
+    params(
+        ("format" = Option<schema::AlertSource>, Query, description = "The alert source; skips detection. A token bound to another source refuses it (422)"),
+        ("token" = Option<String>, Query, description = "The inbound token, for tokens with `query_token` only"),
+    ),
     request_body(content = Object, description = "The tool's own JSON body (at most 512 KiB by default)", content_type = "application/json"),
     responses(
         (status = 202, description = "Accepted: the incidents touched", body = AlertsAccepted),
         schema::JsonBodyErrors,
-        (status = 401, description = "Missing, unknown or revoked inbound token", body = schema::ErrorBody),
+        (status = 401, description = "Missing, unknown or revoked inbound token, a credential the token does not accept, or a missing or wrong signature", body = schema::ErrorBody),
         (status = 422, description = "Invalid content; `field` names it", body = schema::ErrorBody),
+        (status = 502, description = "An SNS subscription confirmation could not be fetched; SNS sends it again", body = schema::ErrorBody),
         (status = 429, description = "Over the token's rate limit; see Retry-After", body = schema::ErrorBody),
         (status = 503, description = "Storage unreachable; retry later", body = schema::ErrorBody),
     ),

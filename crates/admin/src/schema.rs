@@ -51,6 +51,12 @@ string_enum! {
 }
 
 string_enum! {
+    /// An alert source: the format ingest reads a body as, and the namespace of the incident's
+    /// dedup key (docs/ingest.md).
+    AlertSource => tocsin_domain::alerts::AlertFormat::ALL.map(|f| f.as_str())
+}
+
+string_enum! {
     /// Where a delivery stands: `pending` (waiting for its first attempt), `waiting` (its next
     /// attempt is due but its webhook has no room for it now: see `wait_reason`), `retrying`
     /// (failed, next automatic attempt at `next_attempt_at`), `succeeded`, `failed` (every
@@ -63,8 +69,16 @@ string_enum! {
     /// as a dispatcher allows one webhook; the attempt is made as soon as one finishes),
     /// `webhook_disabled` (the event came while the webhook was disabled; sent once it is
     /// enabled and recovered), `rate_limited` (the webhook's rate limit is spent; the attempt
-    /// is made at `next_attempt_at`).
+    /// is made at `next_attempt_at`), `ordering` (the webhook receives each incident's events in
+    /// order, and the delivery of the incident's previous event, `waits_for`, has not finished).
     WaitReason => tocsin_domain::delivery::WaitReason::ALL.map(|r| r.as_str())
+}
+
+string_enum! {
+    /// In what order a webhook receives an incident's events: `none` (every first attempt at
+    /// once; an incident's events may arrive in any order) or `incident` (in the order of the
+    /// incident's changes: a delivery waits, `ordering`, until the previous one has finished).
+    Ordering => tocsin_domain::WebhookOrdering::ALL.map(|o| o.as_str())
 }
 
 string_enum! {
@@ -76,7 +90,8 @@ string_enum! {
     /// Why an attempt failed: no answer in time, connection refused or broken, name not
     /// resolved, TLS failure, target refused by the SSRF rules, a non-2xx status, a redirect
     /// (never followed), interrupted (the dispatcher making it stopped before recording the
-    /// answer), or something else.
+    /// answer), not sent (no room within the attempt's lease: no request was made), or
+    /// something else.
     AttemptError => DomainAttemptError::ALL.map(DomainAttemptError::as_str)
 }
 

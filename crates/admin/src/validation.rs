@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tocsin_domain::{
     EventKind, InvalidRetry, InvalidSetting, RateLimit, RetrySettings, TargetUrl, WebhookFilters,
-    WebhookHeaders, WebhookName,
+    WebhookHeaders, WebhookName, WebhookOrdering,
 };
 use tocsin_storage::webhooks::{NewWebhook, WebhookChanges};
 
@@ -60,6 +60,7 @@ pub struct WebhookInput<'a> {
     pub current_headers: Option<&'a WebhookHeaders>,
     /// `Some(None)`: no limit.
     pub rate_limit_per_second: Option<Option<i64>>,
+    pub ordering: Option<WebhookOrdering>,
 }
 
 /// Subscription filters as a client gave them; each `None` is a filter left out.
@@ -152,6 +153,7 @@ pub fn new_webhook(input: &WebhookInput<'_>) -> Result<NewWebhook, FieldErrors> 
                 .headers
                 .unwrap_or(Some(WebhookHeaders::default()))?,
             rate_limit: subscription.rate_limit.unwrap_or(Some(None))?,
+            ordering: input.ordering.unwrap_or_default(),
         })
     })
 }
@@ -196,6 +198,7 @@ pub fn webhook_patch(input: &WebhookInput<'_>) -> Result<WebhookPatch, FieldErro
                     Some(checked) => Some(checked?),
                     None => None,
                 },
+                ordering: input.ordering,
             },
             max_attempts,
             timeout_ms,

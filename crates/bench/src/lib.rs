@@ -44,6 +44,8 @@ pub struct Target {
     pub inbound_token: Option<String>,
     /// How long to wait for deliveries after the last alert was sent.
     pub drain_timeout: Duration,
+    /// The `ordering` of the webhooks the bench creates: `none` or `incident`.
+    pub ordering: String,
 }
 
 /// The admin token written by `deploy/local/up`: `.tocsin/admin-token` in this directory or
@@ -267,12 +269,17 @@ impl Bench {
         max_attempts: u32,
         timeout_ms: u32,
     ) -> anyhow::Result<String> {
-        let body = json!({
+        let mut body = json!({
             "name": format!("tocsin-bench {} {path}", self.run),
             "url": self.receiver.url(path),
             "events": ["incidents.opened"],
             "retry": {"max_attempts": max_attempts, "timeout_ms": timeout_ms},
         });
+        // Left out when it is the default, so that the bench drives a build that has no such
+        // setting (an A/B against an earlier release).
+        if self.target.ordering != "none" {
+            body["ordering"] = Value::from(self.target.ordering.as_str());
+        }
         let response = self
             .client
             .post(format!("{}/api/v1/webhooks", self.target.admin_url))

@@ -52,6 +52,16 @@ struct Cli {
     #[arg(long, global = true, default_value = "30s", value_parser = parse_duration)]
     drain_timeout: Duration,
 
+    /// The `ordering` of the webhooks the bench creates: `none` (the default) or `incident`
+    /// (each incident's events in order).
+    #[arg(
+        long,
+        global = true,
+        env = "TOCSIN_BENCH_ORDERING",
+        default_value = "none"
+    )]
+    ordering: String,
+
     /// Also write the report as JSON to this file.
     #[arg(long, global = true)]
     json: Option<PathBuf>,
@@ -194,6 +204,7 @@ async fn main() -> anyhow::Result<()> {
             admin_token,
             inbound_token: cli.inbound_token.clone(),
             drain_timeout: cli.drain_timeout,
+            ordering: cli.ordering.clone(),
         })
         .await?,
     );

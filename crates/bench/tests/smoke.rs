@@ -62,6 +62,7 @@ async fn every_scenario_runs_against_a_real_system() {
             // Let the bench create its own, as it does by default.
             inbound_token: None,
             drain_timeout: Duration::from_secs(30),
+            ordering: "none".into(),
         })
         .await
         .expect("connecting the bench"),

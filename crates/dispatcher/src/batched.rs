@@ -40,6 +40,7 @@ impl Batched {
                     let rules = FanOutRules {
                         claim: true,
                         lease_margin: claim_rules.lease_margin,
+                        replay_to: None,
                     };
                     Box::pin(fan_out_batch(conn, items, rules))
                 },

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tocsin_web::config::{parse_duration_arg, CommonConfig};
 
-use crate::ssrf::TargetPolicy;
+use tocsin_web::ssrf::TargetPolicy;
 
 /// `tocsin-dispatcher` settings.
 #[derive(Debug, Clone, clap::Parser)]

@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 use crate::batched::Batched;
 use crate::metrics::DispatcherMetrics;
 use crate::slots::WebhookSlots;
-use crate::ssrf::TargetPolicy;
+use tocsin_web::ssrf::TargetPolicy;
 
 /// Evaluates `$attempt` (a `Result<T, DbError>` expression) until it succeeds, waiting out
 /// transient database failures; evaluates to `Result<T, Outcome>`.

@@ -16,6 +16,7 @@ use tocsin_broker::messages::{DeliveryMessage, ATTEMPT_HEADER, TRIGGER_HEADER};
 use tocsin_broker::{header_int, header_str};
 use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger};
 use tocsin_domain::signing::{self, headers};
+use tocsin_domain::WebhookOrdering;
 use tocsin_storage::attempts::{AttemptResult, Claim, Completion, Job};
 use tocsin_storage::deliveries::{self, Due};
 use tocsin_web::telemetry::RemoteParent;
@@ -25,7 +26,7 @@ use tracing::Instrument;
 
 use crate::context::{retry_db, Context, Outcome};
 use crate::slots::Slot;
-use crate::ssrf::{Blocked, DnsFailure};
+use tocsin_web::ssrf::{Blocked, DnsFailure};
 
 /// Handles a message of the delivery queue: an automatic attempt (a retry, one the sweeper
 /// found overdue, one handed over by a stopping dispatcher) or a manual one.
@@ -50,7 +51,7 @@ pub(crate) async fn handle_delivery(ctx: Arc<Context>, message: Delivery) {
 }
 
 async fn delivery_message(
-    ctx: &Context,
+    ctx: &Arc<Context>,
     message: &Delivery,
     trigger: Trigger,
     requested: i32,
@@ -76,7 +77,11 @@ async fn delivery_message(
 
 /// The delivery a message asks automatic attempt `requested` of.
 #[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %message.delivery_id, attempt = requested))]
-async fn due(ctx: &Context, message: &DeliveryMessage, requested: i32) -> Result<Due, Outcome> {
+async fn due(
+    ctx: &Arc<Context>,
+    message: &DeliveryMessage,
+    requested: i32,
+) -> Result<Due, Outcome> {
     let webhook_id = match message.webhook_id {
         Some(webhook_id) => webhook_id,
         None => {
@@ -105,13 +110,31 @@ async fn due(ctx: &Context, message: &DeliveryMessage, requested: i32) -> Result
     })
 }
 
+/// Starts the next automatic attempt of `due` in this dispatcher; the receiver resolves once
+/// the attempt is claimed, the delivery is `waiting`, or the task ended without either (the
+/// dispatcher is stopping).
+pub(crate) fn start(ctx: &Arc<Context>, due: Due) -> oneshot::Receiver<()> {
+    let (claimed, receiver) = oneshot::channel();
+    let ctx = ctx.clone();
+    ctx.tasks.clone().spawn(
+        async move {
+            if ctx.cancel.is_cancelled() {
+                return;
+            }
+            attempt_due(&ctx, due, Some(claimed)).await;
+        }
+        .in_current_span(),
+    );
+    receiver
+}
+
 /// Tells whoever waits for it that an attempt is claimed (or will not be).
 type Claimed = Option<oneshot::Sender<()>>;
 
 /// Makes the next automatic attempt of `due` if its webhook has room; otherwise the delivery
 /// is `waiting` until it has. `claimed` is told once the attempt is claimed or the delivery
 /// is waiting.
-pub(crate) async fn attempt_due(ctx: &Context, due: Due, claimed: Claimed) -> Outcome {
+pub(crate) async fn attempt_due(ctx: &Arc<Context>, due: Due, claimed: Claimed) -> Outcome {
     let Some(slot) = ctx.slots.take(due.webhook_id).await else {
         let outcome = wait(ctx, due).await;
         tell(claimed);
@@ -132,7 +155,7 @@ fn tell(claimed: Claimed) {
 }
 
 #[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %due.delivery_id, webhook_id = %due.webhook_id))]
-async fn wait(ctx: &Context, due: Due) -> Outcome {
+async fn wait(ctx: &Arc<Context>, due: Due) -> Outcome {
     match retry_db!(ctx, ctx.batched.wait(due).await) {
         Ok(true) => {
             ctx.metrics.waited.inc();
@@ -148,7 +171,12 @@ async fn wait(ctx: &Context, due: Due) -> Outcome {
 /// Claims, makes and records one attempt. A manual attempt takes no slot of its webhook: an
 /// operator asked for it now.
 #[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %claim.delivery_id, trigger = claim.trigger.as_str(), attempt, webhook_id))]
-async fn attempt(ctx: &Context, claim: Claim, slot: Option<Slot>, claimed: Claimed) -> Outcome {
+async fn attempt(
+    ctx: &Arc<Context>,
+    claim: Claim,
+    slot: Option<Slot>,
+    claimed: Claimed,
+) -> Outcome {
     let Ok(request) = ctx.requests.clone().acquire_owned().await else {
         return Outcome::Requeue;
     };
@@ -172,7 +200,7 @@ async fn attempt(ctx: &Context, claim: Claim, slot: Option<Slot>, claimed: Claim
 /// request the other. An attempt that has no room by then is recorded as not sent
 /// ([`AttemptError::NotSent`]) and follows the schedule: no request goes out past its lease.
 #[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %job.delivery.id, attempt = job.number, webhook_id = %job.webhook.id))]
-pub(crate) async fn make_claimed(ctx: &Context, job: Job, started: Claimed) -> Outcome {
+pub(crate) async fn make_claimed(ctx: &Arc<Context>, job: Job, started: Claimed) -> Outcome {
     let room = async {
         let slot = ctx.slots.take_in_turn(job.webhook.id).await;
         let request = ctx.requests.clone().acquire_owned().await.ok()?;
@@ -202,7 +230,7 @@ enum Room {
 
 /// Sends a claimed attempt (unless it has no room), records its outcome, and schedules the
 /// next one.
-async fn make(ctx: &Context, job: Job, room: Room) -> Outcome {
+async fn make(ctx: &Arc<Context>, job: Job, room: Room) -> Outcome {
     tracing::Span::current()
         .record("attempt", job.number)
         .record("webhook_id", tracing::field::display(job.webhook.id));
@@ -270,6 +298,9 @@ async fn make(ctx: &Context, job: Job, room: Room) -> Outcome {
             .deliveries_finished
             .with_label_values(&[state.as_str()])
             .inc();
+        if job.webhook.ordering == WebhookOrdering::Incident {
+            start_next_in_order(ctx, job.delivery.id).await;
+        }
     }
     if let (Transition::Retry { delay }, Some(DeliveryState::Retrying)) =
         (transition, completed.state)
@@ -292,10 +323,28 @@ async fn make(ctx: &Context, job: Job, room: Room) -> Outcome {
     Outcome::Done
 }
 
+/// Starts the delivery that comes next in its incident's order now that `finished` has
+/// finished, if one waits for it. Should this fail, the waiting pass starts it within a second.
+async fn start_next_in_order(ctx: &Arc<Context>, finished: uuid::Uuid) {
+    let next = async {
+        let mut conn = ctx.pool.get().await?;
+        deliveries::next_in_order(&mut conn, finished).await
+    };
+    match next.await {
+        Ok(Some(due)) => drop(start(ctx, due)),
+        Ok(None) => {}
+        Err(error) => tracing::warn!(
+            delivery_id = %finished,
+            %error,
+            "could not start the next delivery in its incident's order; the waiting pass will"
+        ),
+    }
+}
+
 /// A claim its guard refused: a duplicate or late message, or a delivery that can get no more
 /// automatic attempt, which is failed now (its webhook disabled or deleted, its schedule used
 /// up). Its log lines name the delivery themselves: the stage spans are `debug` ones.
-async fn refused(ctx: &Context, claim: Claim) -> Outcome {
+async fn refused(ctx: &Arc<Context>, claim: Claim) -> Outcome {
     if claim.trigger == Trigger::Manual {
         tracing::info!(
             delivery_id = %claim.delivery_id,

@@ -12,7 +12,6 @@ use lapin::message::Delivery;
 use tocsin_broker::header_str;
 use tocsin_broker::messages::EventMessage;
 use tocsin_storage::attempts::Job;
-use tocsin_storage::deliveries::Due;
 use tocsin_storage::fan_out::{FanOut, FannedOut};
 use tocsin_web::telemetry::RemoteParent;
 use tokio::sync::oneshot;
@@ -70,7 +69,11 @@ async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) ->
     ctx.metrics.waited.inc_by(waiting as u64);
     tracing::debug!(deliveries = created, waiting, disabled, "fanned out");
     let mut started: Vec<_> = claimed.into_iter().map(|job| make(ctx, job)).collect();
-    started.extend(pending.into_iter().map(|due| start(ctx, due)));
+    started.extend(
+        pending
+            .into_iter()
+            .map(|due| crate::deliver::start(ctx, due)),
+    );
     // Acked once every attempt has its slots (its claim is committed already), so that the
     // events in flight bound the attempts waiting in this dispatcher.
     tokio::select! {
@@ -89,24 +92,6 @@ fn make(ctx: &Arc<Context>, job: Job) -> oneshot::Receiver<()> {
     ctx.tasks.clone().spawn(
         async move {
             crate::deliver::make_claimed(&ctx, job, Some(started)).await;
-        }
-        .in_current_span(),
-    );
-    receiver
-}
-
-/// Starts the next automatic attempt of `due` in this dispatcher; the receiver resolves once
-/// the attempt is claimed, the delivery is `waiting`, or the task ended without either (the
-/// dispatcher is stopping).
-pub(crate) fn start(ctx: &Arc<Context>, due: Due) -> oneshot::Receiver<()> {
-    let (claimed, receiver) = oneshot::channel();
-    let ctx = ctx.clone();
-    ctx.tasks.clone().spawn(
-        async move {
-            if ctx.cancel.is_cancelled() {
-                return;
-            }
-            crate::deliver::attempt_due(&ctx, due, Some(claimed)).await;
         }
         .in_current_span(),
     );

@@ -66,6 +66,14 @@ pub(crate) async fn refresh_gauges(
                         .set(n);
                 }
             }
+            if let Ok(counts) = tocsin_storage::deliveries::count_waiting(&mut conn).await {
+                for (reason, n) in counts {
+                    ctx.metrics
+                        .waiting
+                        .with_label_values(&[reason.as_str()])
+                        .set(n);
+                }
+            }
             if let Ok(webhooks) = tocsin_storage::health::all(&mut conn).await {
                 set_health(&ctx, &webhooks);
             }

@@ -11,12 +11,12 @@ mod fanout;
 mod gauges;
 mod health;
 mod metrics;
+mod replays;
 mod slots;
-mod ssrf;
 mod startup;
 mod sweeper;
 mod waiting;
 
 pub use config::Config;
-pub use ssrf::TargetPolicy;
 pub use startup::{build, App};
+pub use tocsin_web::ssrf::TargetPolicy;

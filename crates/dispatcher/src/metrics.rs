@@ -19,8 +19,10 @@ pub(crate) struct DispatcherMetrics {
     pub swept: IntCounter,
     pub waited: IntCounter,
     pub database_errors: IntCounterVec,
+    pub replayed: IntCounter,
     pub queue_messages: IntGaugeVec,
     pub unfinished: IntGaugeVec,
+    pub waiting: IntGaugeVec,
     pub auto_disabled: IntCounter,
     pub webhook_failures: IntGaugeVec,
     pub webhook_success_rate: GaugeVec,
@@ -84,6 +86,10 @@ impl DispatcherMetrics {
             ),
             &["class"],
         )?;
+        let replayed = IntCounter::new(
+            "tocsin_dispatcher_replayed_total",
+            "Deliveries created by this pod's replay pass (past events given to a webhook).",
+        )?;
         let waited = IntCounter::new(
             "tocsin_dispatcher_waited_total",
             "Deliveries that became waiting because their webhook had TOCSIN_WEBHOOK_CONCURRENCY requests in flight in this dispatcher.",
@@ -101,6 +107,13 @@ impl DispatcherMetrics {
                 "Deliveries not yet finished, by state (pending, waiting, retrying), counted in PostgreSQL.",
             ),
             &["state"],
+        )?;
+        let waiting = IntGaugeVec::new(
+            Opts::new(
+                "tocsin_deliveries_waiting",
+                "Deliveries waiting, by reason (webhook_busy, webhook_disabled, rate_limited, ordering), counted in PostgreSQL.",
+            ),
+            &["reason"],
         )?;
         let auto_disabled = IntCounter::new(
             "tocsin_webhooks_auto_disabled_total",
@@ -133,8 +146,10 @@ impl DispatcherMetrics {
         registry.register(Box::new(webhook_enabled.clone()))?;
         registry.register(Box::new(queue_messages.clone()))?;
         registry.register(Box::new(unfinished.clone()))?;
+        registry.register(Box::new(waiting.clone()))?;
         registry.register(Box::new(attempts.clone()))?;
         registry.register(Box::new(database_errors.clone()))?;
+        registry.register(Box::new(replayed.clone()))?;
         registry.register(Box::new(attempt_duration.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(lag.clone()))?;
@@ -162,8 +177,10 @@ impl DispatcherMetrics {
             swept,
             waited,
             database_errors,
+            replayed,
             queue_messages,
             unfinished,
+            waiting,
             auto_disabled,
             webhook_failures,
             webhook_success_rate,

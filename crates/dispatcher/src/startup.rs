@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::context::{Context, LEASE_MARGIN};
 use crate::metrics::DispatcherMetrics;
 use crate::slots::WebhookSlots;
-use crate::ssrf::{GuardedResolver, TargetPolicy};
+use tocsin_web::ssrf::{GuardedResolver, TargetPolicy};
 
 /// The running dispatcher.
 pub type App = Service;
@@ -184,6 +184,10 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     background.spawn(
         "waiting",
         crate::waiting::run(context.clone(), background.token()),
+    );
+    background.spawn(
+        "replays",
+        crate::replays::run(context.clone(), background.token()),
     );
     {
         let ctx = context.clone();

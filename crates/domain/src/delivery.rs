@@ -112,13 +112,18 @@ pub enum WaitReason {
     /// The webhook's `rate_limit_per_second` is spent for now: the attempt is made at
     /// `next_attempt_at`.
     RateLimited,
+    /// The webhook receives each incident's events in order (`ordering: incident`), and the
+    /// delivery of the incident's previous event to it has not finished: the attempt is made
+    /// as soon as it has.
+    Ordering,
 }
 
 impl WaitReason {
-    pub const ALL: [WaitReason; 3] = [
+    pub const ALL: [WaitReason; 4] = [
         WaitReason::WebhookBusy,
         WaitReason::WebhookDisabled,
         WaitReason::RateLimited,
+        WaitReason::Ordering,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -126,6 +131,7 @@ impl WaitReason {
             WaitReason::WebhookBusy => "webhook_busy",
             WaitReason::WebhookDisabled => "webhook_disabled",
             WaitReason::RateLimited => "rate_limited",
+            WaitReason::Ordering => "ordering",
         }
     }
 
@@ -144,6 +150,9 @@ impl WaitReason {
             }
             WaitReason::RateLimited => {
                 "the webhook's rate limit is spent for now; the attempt is made when it allows"
+            }
+            WaitReason::Ordering => {
+                "the webhook receives each incident's events in order, and the delivery of this incident's previous event has not finished; the attempt is made as soon as it has"
             }
         }
     }

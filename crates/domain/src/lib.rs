@@ -25,6 +25,8 @@ pub use redact::redact_url;
 pub use retry::RetrySchedule;
 pub use secret::{InvalidSecret, WebhookSecret};
 pub use severity::{InvalidSeverity, Severity};
-pub use subscription::{InvalidSetting, RateLimit, WebhookFilters, WebhookHeaders};
-pub use token::{constant_time_eq, AccessToken};
+pub use subscription::{
+    InvalidSetting, RateLimit, WebhookFilters, WebhookHeaders, WebhookOrdering,
+};
+pub use token::{constant_time_eq, AccessToken, InvalidSigningSecret, SigningSecret};
 pub use webhook::{InvalidName, InvalidRetry, InvalidUrl, RetrySettings, TargetUrl, WebhookName};

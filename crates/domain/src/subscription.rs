@@ -292,6 +292,38 @@ impl RateLimit {
     }
 }
 
+/// In what order a webhook receives an incident's events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WebhookOrdering {
+    /// Every first attempt is made at once (the specification's default): an incident's events
+    /// may arrive in any order.
+    #[default]
+    None,
+    /// Each incident's events arrive in the order of the incident's changes: a delivery waits
+    /// (`waiting`, `ordering`) until the delivery of the incident's previous event to the same
+    /// webhook has finished (succeeded, or failed after its last automatic attempt).
+    Incident,
+}
+
+impl WebhookOrdering {
+    pub const ALL: [WebhookOrdering; 2] = [WebhookOrdering::None, WebhookOrdering::Incident];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WebhookOrdering::None => "none",
+            WebhookOrdering::Incident => "incident",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Self, InvalidSetting> {
+        WebhookOrdering::ALL
+            .into_iter()
+            .find(|o| o.as_str() == text)
+            .ok_or_else(|| InvalidSetting::new("ordering", "must be `none` or `incident`"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,6 +38,7 @@ pub(crate) struct DeliveryRow {
     pub(crate) next_attempt_at: Option<OffsetDateTime>,
     pub(crate) created_at: OffsetDateTime,
     pub(crate) updated_at: OffsetDateTime,
+    pub(crate) replayed: bool,
 }
 
 /// A delivery of one event to one webhook.
@@ -56,6 +57,8 @@ pub struct Delivery {
     pub next_attempt_at: Option<OffsetDateTime>,
     pub created_at: OffsetDateTime,
     pub updated_at: OffsetDateTime,
+    /// Made by a replay of past events to its webhook, not by the event's fan-out.
+    pub replayed: bool,
 }
 
 impl Listed for Delivery {
@@ -85,6 +88,7 @@ impl TryFrom<DeliveryRow> for Delivery {
             next_attempt_at: row.next_attempt_at,
             created_at: row.created_at,
             updated_at: row.updated_at,
+            replayed: row.replayed,
         })
     }
 }
@@ -159,6 +163,19 @@ pub async fn take_waiting(
         .bind::<BigInt, _>(limit)
         .load(conn)
         .await?)
+}
+
+/// The delivery to make next, in its incident's order, now that delivery `finished` has
+/// finished (see `sql/next_in_order.sql`).
+pub async fn next_in_order(
+    conn: &mut AsyncPgConnection,
+    finished: Uuid,
+) -> Result<Option<Due>, DbError> {
+    let next: Vec<Due> = Statement::new(include_str!("sql/next_in_order.sql"))
+        .bind::<SqlUuid, _>(finished)
+        .load(conn)
+        .await?;
+    Ok(next.into_iter().next())
 }
 
 /// Fails the deliveries among `ids` that can get no more automatic attempt (their webhook
@@ -265,6 +282,29 @@ pub async fn count_unfinished(
     Ok(counts)
 }
 
+/// How many deliveries are `waiting`, for each reason.
+pub async fn count_waiting(
+    conn: &mut AsyncPgConnection,
+) -> Result<Vec<(WaitReason, i64)>, DbError> {
+    let rows: Vec<(Option<String>, i64)> = deliveries::table
+        .filter(deliveries::state.eq(DeliveryState::Waiting.as_str()))
+        .group_by(deliveries::wait_reason)
+        .select((deliveries::wait_reason, diesel::dsl::count_star()))
+        .load(conn)
+        .await?;
+    Ok(WaitReason::ALL
+        .into_iter()
+        .map(|reason| {
+            let n = rows
+                .iter()
+                .filter(|(r, _)| r.as_deref() == Some(reason.as_str()))
+                .map(|(_, n)| n)
+                .sum();
+            (reason, n)
+        })
+        .collect())
+}
+
 /// One delivery.
 pub async fn get(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Delivery, DbError> {
     let row = deliveries::table.find(id).select(DeliveryRow::as_select());
@@ -343,6 +383,8 @@ pub struct DeliveryDetail {
     pub delivery: Delivery,
     pub request_body: String,
     pub attempts: Vec<Attempt>,
+    /// For a delivery waiting for its incident's order, the earlier delivery it waits for.
+    pub waits_for: Option<Uuid>,
 }
 
 /// One delivery with its attempts.
@@ -381,10 +423,25 @@ async fn read_detail(conn: &mut AsyncPgConnection, id: Uuid) -> Result<DeliveryD
         ))
         .load(conn)
         .await?;
+    #[derive(QueryableByName)]
+    struct Earlier {
+        #[diesel(sql_type = SqlUuid)]
+        id: Uuid,
+    }
+    let waits_for = if delivery.wait_reason == Some(WaitReason::Ordering) {
+        let earlier: Vec<Earlier> = Statement::new(include_str!("sql/waits_for.sql"))
+            .bind::<SqlUuid, _>(id)
+            .load(conn)
+            .await?;
+        earlier.into_iter().next().map(|e| e.id)
+    } else {
+        None
+    };
     Ok(DeliveryDetail {
         delivery,
         request_body,
         attempts,
+        waits_for,
     })
 }
 

@@ -54,6 +54,9 @@ pub struct FanOutRules {
     pub claim: bool,
     /// How much longer than its webhook's timeout a claimed attempt's lease lasts.
     pub lease_margin: Duration,
+    /// A replay: the events go to this one webhook only (subscription and filters still
+    /// apply), and the deliveries are marked `replayed`.
+    pub replay_to: Option<Uuid>,
 }
 
 /// Fans out several events with one statement (the dispatcher gathers the events it receives
@@ -91,11 +94,22 @@ pub async fn fan_out(
         .bind::<Bool, _>(rules.claim)
         .bind::<BigInt, _>(millis(rules.lease_margin))
         .bind::<Array<Int8>, _>(&rooms)
+        .bind::<Nullable<SqlUuid>, _>(rules.replay_to)
         .load(conn)
         .await?;
     let mut results = vec![FannedOut::default(); events.len()];
+    // A delivery of an incident's earlier event, made for an ordered webhook, is the work of
+    // the given event of that incident that brought it in.
+    let by_incident: HashMap<Uuid, usize> = firsts
+        .iter()
+        .rev()
+        .map(|e| (e.incident_id, first_copy[&e.event_id]))
+        .collect();
     for row in created {
-        let Some(&index) = first_copy.get(&row.delivery.event_id) else {
+        let Some(&index) = first_copy
+            .get(&row.delivery.event_id)
+            .or_else(|| by_incident.get(&row.delivery.incident_id))
+        else {
             continue;
         };
         let delivery: Delivery = row.delivery.clone().try_into()?;

@@ -16,6 +16,7 @@ pub mod health;
 pub mod incidents;
 pub mod outbox;
 pub mod relay;
+pub mod replays;
 pub mod retention;
 pub mod schema;
 mod statement;
@@ -445,7 +446,7 @@ pub async fn ping(pool: &DbPool, timeout: Duration) -> Result<(), DbError> {
 mod tests {
     use super::*;
 
-    /// The statements spell delivery states, triggers and wait reasons as SQL literals: each
+    /// The statements spell delivery states, triggers, wait reasons and orderings as SQL literals: each
     /// must be a value of the domain's enums, spelled as they spell it (a typo would make a
     /// guard that never matches).
     #[test]
@@ -458,8 +459,10 @@ mod tests {
             ("complete.sql", include_str!("sql/complete.sql")),
             ("fan_out.sql", include_str!("sql/fan_out.sql")),
             ("interrupted.sql", include_str!("sql/interrupted.sql")),
+            ("next_in_order.sql", include_str!("sql/next_in_order.sql")),
             ("stop.sql", include_str!("sql/stop.sql")),
             ("take_waiting.sql", include_str!("sql/take_waiting.sql")),
+            ("waits_for.sql", include_str!("sql/waits_for.sql")),
             ("deliveries.rs", include_str!("deliveries.rs")),
             (
                 "prune_deliveries.sql",
@@ -493,12 +496,13 @@ mod tests {
                 let known = state
                     || Trigger::parse(literal).is_some()
                     || WaitReason::parse(literal).is_some()
+                    || tocsin_domain::WebhookOrdering::parse(literal).is_ok()
                     || [Topic::Event, Topic::Delivery].iter().any(|t| t.as_str() == literal)
                     // encode(..., 'hex'), and the event id's key in an outbox payload
                     || ["hex", "event_id"].contains(&literal);
                 assert!(
                     known,
-                    "{file}: '{literal}' is no delivery state, trigger or wait reason"
+                    "{file}: '{literal}' is no delivery state, trigger, wait reason or ordering"
                 );
             }
         }

@@ -24,6 +24,7 @@ diesel::table! {
         occurred_at -> Timestamptz,
         body -> Text,
         test_webhook_id -> Nullable<Uuid>,
+        seq -> Nullable<Int8>,
     }
 }
 
@@ -58,6 +59,7 @@ diesel::table! {
         rate_limit_per_second -> Nullable<Int4>,
         disabled_reason -> Nullable<Text>,
         disabled_at -> Nullable<Timestamptz>,
+        ordering -> Text,
     }
 }
 
@@ -104,6 +106,7 @@ diesel::table! {
         wait_reason -> Nullable<Text>,
         attempting_until -> Nullable<Timestamptz>,
         manual_requested -> Bool,
+        replayed -> Bool,
     }
 }
 
@@ -133,11 +136,30 @@ diesel::table! {
         created_at -> Timestamptz,
         last_used_at -> Nullable<Timestamptz>,
         revoked_at -> Nullable<Timestamptz>,
+        source -> Nullable<Text>,
+        basic_auth -> Bool,
+        query_token -> Bool,
+        signing_secret -> Nullable<Text>,
     }
 }
 
 diesel::joinable!(deliveries -> webhooks (webhook_id));
 diesel::joinable!(deliveries -> events (event_id));
+diesel::table! {
+    replays (id) {
+        id -> Uuid,
+        webhook_id -> Uuid,
+        since -> Timestamptz,
+        until -> Nullable<Timestamptz>,
+        kinds -> Nullable<Array<Text>>,
+        cursor_at -> Timestamptz,
+        cursor_id -> Uuid,
+        created -> Int8,
+        created_at -> Timestamptz,
+        finished_at -> Nullable<Timestamptz>,
+    }
+}
+
 diesel::joinable!(attempts -> deliveries (delivery_id));
 diesel::joinable!(webhook_health -> webhooks (webhook_id));
 
@@ -152,4 +174,5 @@ diesel::allow_tables_to_appear_in_same_query!(
     webhook_health,
     webhook_outcomes,
     webhook_rate_budgets,
+    replays,
 );

@@ -13,7 +13,7 @@ use crate::{found, Cursor, DbError, Listed, Page};
 use tocsin_domain::delivery::DeliveryState;
 use tocsin_domain::{
     EventKind, RateLimit, RetrySettings, TargetUrl, WebhookFilters, WebhookHeaders, WebhookName,
-    WebhookSecret,
+    WebhookOrdering, WebhookSecret,
 };
 
 /// A webhook row as stored; also read from `row_to_json(webhooks)` where one statement returns
@@ -44,6 +44,7 @@ pub(crate) struct WebhookRow {
     disabled_reason: Option<String>,
     #[serde(with = "time::serde::rfc3339::option")]
     disabled_at: Option<OffsetDateTime>,
+    ordering: String,
 }
 
 /// A webhook as stored. Its `Debug` masks its secrets and header values.
@@ -68,6 +69,8 @@ pub struct Webhook {
     /// Why it is disabled (an operator, or auto-disable with its figures); `None` while enabled.
     pub disabled_reason: Option<String>,
     pub disabled_at: Option<OffsetDateTime>,
+    /// In what order it receives an incident's events.
+    pub ordering: WebhookOrdering,
 }
 
 impl Listed for Webhook {
@@ -123,7 +126,9 @@ impl TryFrom<WebhookRow> for Webhook {
             .map(|n| RateLimit::new(n.into()))
             .transpose()
             .map_err(|_| corrupt("rate limit"))?;
+        let ordering = WebhookOrdering::parse(&row.ordering).map_err(|_| corrupt("ordering"))?;
         Ok(Webhook {
+            ordering,
             filters,
             headers: WebhookHeaders::from_stored(headers),
             rate_limit,
@@ -155,6 +160,7 @@ pub struct NewWebhook {
     pub filters: WebhookFilters,
     pub headers: WebhookHeaders,
     pub rate_limit: Option<RateLimit>,
+    pub ordering: WebhookOrdering,
 }
 
 /// Why an operator's change disabled a webhook.
@@ -201,6 +207,7 @@ async fn insert(conn: &mut AsyncPgConnection, new: &NewWebhook) -> Result<Webhoo
             webhooks::rate_limit_per_second.eq(new.rate_limit.map(|r| r.per_second() as i32)),
             webhooks::disabled_reason.eq((!new.enabled).then_some(DISABLED_BY_OPERATOR)),
             webhooks::disabled_at.eq((!new.enabled).then_some(now)),
+            webhooks::ordering.eq(new.ordering.as_str()),
         ))
         .returning(WebhookRow::as_returning())
         .get_result(conn)
@@ -289,6 +296,7 @@ pub struct WebhookChanges {
     pub headers: Option<WebhookHeaders>,
     /// `Some(None)` removes the limit.
     pub rate_limit: Option<Option<RateLimit>>,
+    pub ordering: Option<WebhookOrdering>,
 }
 
 #[derive(AsChangeset)]
@@ -302,6 +310,7 @@ struct WebhookChangeset {
     filters: Option<serde_json::Value>,
     headers: Option<serde_json::Value>,
     rate_limit_per_second: Option<Option<i32>>,
+    ordering: Option<&'static str>,
     updated_at: OffsetDateTime,
 }
 
@@ -326,6 +335,7 @@ pub async fn update(
             rate_limit_per_second: changes
                 .rate_limit
                 .map(|limit| limit.map(|r| r.per_second() as i32)),
+            ordering: changes.ordering.map(WebhookOrdering::as_str),
             updated_at: now,
         };
         let row: WebhookRow = diesel::update(

@@ -31,6 +31,7 @@ pub async fn create_delivery(
         fan_out::FanOutRules {
             claim: false,
             lease_margin: std::time::Duration::from_secs(5),
+            replay_to: None,
         },
     )
     .await

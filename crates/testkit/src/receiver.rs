@@ -35,6 +35,9 @@ pub enum Behavior {
     BrokenBody(u16),
     /// Answers the status with a body of this many bytes (`x` repeated).
     Body(u16, usize),
+    /// Answers the first request about each incident (the body's `data.id`) with this status,
+    /// and every later one 204: a receiver that fails each incident's first request once.
+    FirstOfEachIncident(u16),
 }
 
 /// A request the receiver got.
@@ -71,6 +74,8 @@ struct State {
     /// Answers for the next requests, in order; then `default`.
     script: VecDeque<Behavior>,
     default: Option<Behavior>,
+    /// The incidents a request was received about (for `FirstOfEachIncident`).
+    incidents: std::collections::HashSet<String>,
 }
 
 /// A running receiver.
@@ -190,16 +195,25 @@ async fn handle(
     let behavior = {
         let mut state = state.lock().expect("receiver state");
         let for_path = state.by_path.get(&path).cloned();
-        let behavior = for_path
+        let mut behavior = for_path
             .or_else(|| state.script.pop_front())
             .or_else(|| state.default.clone())
             .unwrap_or(Behavior::Status(200));
+        if let Behavior::FirstOfEachIncident(status) = behavior {
+            let incident = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["data"]["id"].as_str().map(str::to_owned))
+                .unwrap_or_default();
+            let first = state.incidents.insert(incident);
+            behavior = Behavior::Status(if first { status } else { 204 });
+        }
         let answered = match &behavior {
             Behavior::Status(status)
             | Behavior::Delay(_, status)
             | Behavior::SlowBody(status)
             | Behavior::BrokenBody(status)
-            | Behavior::Body(status, _) => Some(*status),
+            | Behavior::Body(status, _)
+            | Behavior::FirstOfEachIncident(status) => Some(*status),
             Behavior::Redirect(_) => Some(302),
             Behavior::Hang | Behavior::Close => None,
         };
@@ -233,7 +247,7 @@ async fn handle(
             BodyExt::boxed_unsync(StreamBody::new(first.chain(rest)))
         };
     match behavior {
-        Behavior::Status(status) => Ok(respond(status)),
+        Behavior::Status(status) | Behavior::FirstOfEachIncident(status) => Ok(respond(status)),
         Behavior::Delay(delay, status) => {
             tokio::time::sleep(delay).await;
             Ok(respond(status))

@@ -257,6 +257,7 @@ pub async fn detail(
             .filter(|_| delivery.state == DeliveryState::Retrying)
             .map(When::of),
         wait_reason: delivery.wait_reason.map(|reason| reason.describe()),
+        waits_for: detail.waits_for.map(|id| id.to_string()),
         created: When::of(delivery.created_at),
         updated: When::of(delivery.updated_at),
         webhook_name: webhook.name.as_str().to_owned(),

@@ -1,6 +1,7 @@
 //! The settings pages: Settings → Webhooks (list, create, edit, enable,
 //! disable, rotate the secret, send a test event, delete), the delivery log with its attempts
-//! and the Retry button, and incidents — server-rendered HTML under `/settings/`, signed in
+//! and the Retry button, inbound tokens (issue with a source and credentials, revoke), and
+//! incidents — server-rendered HTML under `/settings/`, signed in
 //! with the admin token. They call the same validation (`crate::validation`) and operations
 //! (`crate::actions`) as the JSON API. Every page works without JavaScript; the small script
 //! only enhances (copy button, Retry without a reload, validation hints, delete confirmation).
@@ -10,6 +11,7 @@ mod deliveries;
 mod incidents;
 pub mod session;
 mod templates;
+mod tokens;
 mod webhook_form;
 mod webhooks;
 
@@ -133,6 +135,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             )
             .service(post("/webhooks/{id}/test").route(web::post().to(webhooks::send_test_event)))
             .service(post("/webhooks/{id}/recover").route(web::post().to(webhooks::recover)))
+            .service(post("/webhooks/{id}/replay").route(web::post().to(webhooks::replay)))
             .service(
                 web::resource("/deliveries")
                     .route(web::get().to(deliveries::list))
@@ -150,6 +153,13 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                     .default_service(web::to(method_not_allowed)),
             )
             .service(post("/incidents/{id}/status").route(web::post().to(incidents::change_status)))
+            .service(
+                web::resource("/tokens")
+                    .route(web::get().to(tokens::list))
+                    .route(web::post().to(tokens::create))
+                    .default_service(web::to(method_not_allowed)),
+            )
+            .service(post("/tokens/{id}/revoke").route(web::post().to(tokens::revoke)))
             .default_service(web::to(not_found)),
     );
 }
@@ -372,6 +382,7 @@ pub fn notice(key: Option<&str>, count: Option<&str>) -> Option<String> {
                 n => format!("{n} deliveries enqueued: failed ones retried, those that waited sent."),
             }
         }
+        "replaying" => "Replay started: the past events this webhook has no delivery of appear in its log, marked replayed, as dispatchers make them.".to_owned(),
         "deleted" => "Webhook deleted. Its delivery log stays readable.".to_owned(),
         "retried" => {
             "Manual attempt enqueued: it appears below once made (reload to see it).".to_owned()
@@ -379,6 +390,7 @@ pub fn notice(key: Option<&str>, count: Option<&str>) -> Option<String> {
         "acknowledged" => "Incident acknowledged.".to_owned(),
         "resolved" => "Incident resolved.".to_owned(),
         "status" => "Incident status changed.".to_owned(),
+        "revoked" => "Token revoked: the next alert sent with it is refused.".to_owned(),
         _ => return None,
     };
     Some(text)

@@ -199,6 +199,8 @@ pub struct WebhookFormValues {
     /// Headers, one `Name: value` a line (their real values: this is the form that sets them).
     pub headers: String,
     pub rate_limit: String,
+    /// `none` or `incident`.
+    pub ordering: String,
 }
 
 /// The server's refusals, one per form field.
@@ -214,6 +216,7 @@ pub struct FormErrors {
     pub labels: Option<String>,
     pub headers: Option<String>,
     pub rate_limit: Option<String>,
+    pub ordering: Option<String>,
 }
 
 /// One entry of the error summary above a refused form: the field's id, label and message.
@@ -232,6 +235,7 @@ impl FormErrors {
             "retry.max_attempts" => &mut self.max_attempts,
             "retry.timeout_ms" => &mut self.timeout_ms,
             "rate_limit_per_second" => &mut self.rate_limit,
+            "ordering" => &mut self.ordering,
             field if field.starts_with("filters.severities") => &mut self.severities,
             field if field.starts_with("filters.sources") => &mut self.sources,
             field if field.starts_with("filters.labels") => &mut self.labels,
@@ -258,6 +262,7 @@ impl FormErrors {
             ("labels", "Labels", &self.labels),
             ("headers", "Headers", &self.headers),
             ("rate_limit", "Rate limit", &self.rate_limit),
+            ("ordering", "Order", &self.ordering),
         ]
         .into_iter()
         .filter_map(|(id, label, message)| {
@@ -328,6 +333,8 @@ pub struct WebhookView {
     /// Header names (their values are not shown here).
     pub header_names: Vec<String>,
     pub rate_limit: Option<u32>,
+    /// `none` or `incident`.
+    pub ordering: &'static str,
 }
 
 /// A webhook's health as the pages show it: a badge and its figures.
@@ -441,6 +448,8 @@ pub struct DeliverySummary {
     pub next_attempt: Option<When>,
     /// Why it is waiting, for people.
     pub wait_reason: Option<&'static str>,
+    /// The id of the delivery it waits for, when it waits for its incident's order.
+    pub waits_for: Option<String>,
     pub created: When,
     pub updated: When,
     pub webhook_name: String,
@@ -483,6 +492,8 @@ pub struct IncidentRow {
     pub title: String,
     pub severity: &'static str,
     pub status: &'static str,
+    /// The alert source (format) it came from.
+    pub format: Option<&'static str>,
     pub source: Option<String>,
     pub created: When,
     pub action: String,

@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use tocsin_domain::{EventKind, InvalidRetry, RetrySettings, Severity, WebhookHeaders};
+use tocsin_domain::{
+    EventKind, InvalidRetry, RetrySettings, Severity, WebhookHeaders, WebhookOrdering,
+};
 use tocsin_storage::webhooks::Webhook;
 use uuid::Uuid;
 
@@ -53,6 +55,7 @@ impl Submitted {
             headers: Some(&self.fields.headers),
             current_headers,
             rate_limit_per_second: Some(self.fields.rate_limit),
+            ordering: self.fields.ordering,
         }
     }
 
@@ -78,6 +81,7 @@ pub(super) fn new_values() -> WebhookFormValues {
     WebhookFormValues {
         max_attempts: defaults.max_attempts().to_string(),
         timeout_ms: defaults.timeout_ms().to_string(),
+        ordering: WebhookOrdering::default().as_str().to_owned(),
         ..WebhookFormValues::default()
     }
 }
@@ -115,6 +119,7 @@ pub(super) fn edit_values(webhook: &Webhook) -> WebhookFormValues {
             .rate_limit
             .map(|r| r.per_second().to_string())
             .unwrap_or_default(),
+        ordering: webhook.ordering.as_str().to_owned(),
     }
 }
 
@@ -213,6 +218,7 @@ fn read_values(form: &Form) -> (WebhookFormValues, Vec<FieldError>) {
         labels: form.get("labels").unwrap_or_default().to_owned(),
         headers: form.get("headers").unwrap_or_default().to_owned(),
         rate_limit: form.get("rate_limit").unwrap_or_default().to_owned(),
+        ordering: form.get("ordering").unwrap_or("none").to_owned(),
     };
     let mut refused = Vec::new();
     for (text, error) in [
@@ -241,6 +247,7 @@ struct SubscriptionFields {
     labels: BTreeMap<String, String>,
     headers: BTreeMap<String, String>,
     rate_limit: Option<i64>,
+    ordering: Option<WebhookOrdering>,
 }
 
 impl SubscriptionFields {
@@ -275,6 +282,13 @@ impl SubscriptionFields {
             labels: pairs(&values.labels, '=', "filters.labels", refused),
             headers: pairs(&values.headers, ':', "headers", refused),
             rate_limit: number(&values.rate_limit),
+            ordering: match WebhookOrdering::parse(values.ordering.trim()) {
+                Ok(ordering) => Some(ordering),
+                Err(error) => {
+                    refused.push(FieldError::new(error.field, error.message));
+                    None
+                }
+            },
         }
     }
 

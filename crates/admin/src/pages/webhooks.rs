@@ -13,6 +13,7 @@ use time::{OffsetDateTime, PrimitiveDateTime};
 use tocsin_domain::WebhookFilters;
 use tocsin_storage::deliveries::{self, DeliveryFilter};
 use tocsin_storage::health;
+use tocsin_storage::replays::NewReplay;
 use tocsin_storage::webhooks::{self as repo, Webhook};
 use uuid::Uuid;
 
@@ -23,7 +24,9 @@ use super::templates::{
     SecretPage, WebhookListPage, WebhookPage, WebhookRow, WebhookView, When,
 };
 use super::webhook_form::{edit_values, form_page, new_values, FormKind, Submitted};
-use super::{given, notice, query_string, redirect, render, webhook_href, PageError, PagesState};
+use super::{
+    given, notice, query_string, redirect, render, webhook_href, Form, PageError, PagesState,
+};
 use crate::actions;
 use crate::error::{AdminError, OrNotFound};
 use crate::params::page;
@@ -220,6 +223,7 @@ pub async fn detail(
             .map(|(name, _)| name.to_owned())
             .collect(),
         rate_limit: webhook.rate_limit.map(|r| r.per_second()),
+        ordering: webhook.ordering.as_str(),
     };
     let day_ago = now - time::Duration::DAY;
     render(
@@ -372,15 +376,37 @@ pub async fn recover(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, PageError> {
-    let form = signed.form;
-    let since = parse_since(form.get("since").unwrap_or_default())
-        .map_err(|message| AdminError::invalid("since", message))?;
+    let since = since_of(&signed.form)?;
     let (retried, sent_waiting) = actions::recover(&state, *id, since).await?;
     Ok(redirect(&format!(
         "{}?notice=recovered&count={}",
         webhook_href(*id),
         retried + sent_waiting
     )))
+}
+
+/// `POST /settings/webhooks/{id}/replay`: gives the webhook the past events since a time
+/// (UTC) that it has no delivery of; dispatchers make the deliveries in the background.
+#[tracing::instrument(skip_all, fields(id = %id))]
+pub async fn replay(
+    signed: SignedForm,
+    id: web::Path<Uuid>,
+    state: web::Data<AdminState>,
+) -> Result<HttpResponse, PageError> {
+    let request = NewReplay {
+        webhook_id: *id,
+        since: since_of(&signed.form)?,
+        until: None,
+        kinds: None,
+    };
+    actions::replay(&state, &request).await?;
+    Ok(redirect(&format!("{}?notice=replaying", webhook_href(*id))))
+}
+
+/// The `since` field of the recover and replay forms.
+fn since_of(form: &Form) -> Result<OffsetDateTime, AdminError> {
+    parse_since(form.get("since").unwrap_or_default())
+        .map_err(|message| AdminError::invalid("since", message))
 }
 
 /// A time from the recover form: the browser's `datetime-local` value, taken as UTC

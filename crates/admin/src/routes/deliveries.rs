@@ -38,6 +38,9 @@ pub struct Delivery {
     pub created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,
+    /// Made by a replay of past events to the webhook (`POST /api/v1/webhooks/{id}/replay`),
+    /// not by the event's fan-out.
+    pub replayed: bool,
 }
 
 impl From<repo::Delivery> for Delivery {
@@ -54,6 +57,7 @@ impl From<repo::Delivery> for Delivery {
             next_attempt_at: d.next_attempt_at,
             created_at: d.created_at,
             updated_at: d.updated_at,
+            replayed: d.replayed,
         }
     }
 }
@@ -63,6 +67,9 @@ impl From<repo::Delivery> for Delivery {
 pub struct DeliveryDetail {
     #[serde(flatten)]
     pub delivery: Delivery,
+    /// For a delivery `waiting` for its incident's order (`wait_reason` `ordering`), the
+    /// earlier delivery of the same incident and webhook it waits for; `null` otherwise.
+    pub waits_for: Option<Uuid>,
     pub attempts: Vec<Attempt>,
 }
 
@@ -229,6 +236,7 @@ pub async fn get(
     let body = detail.request_body;
     Ok(HttpResponse::Ok().json(DeliveryDetail {
         delivery: detail.delivery.into(),
+        waits_for: detail.waits_for,
         attempts: detail
             .attempts
             .into_iter()

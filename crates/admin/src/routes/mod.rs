@@ -38,6 +38,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         resource("/webhooks/{id}/test", "POST").route(web::post().to(webhooks::send_test_event)),
     )
     .service(resource("/webhooks/{id}/recover", "POST").route(web::post().to(webhooks::recover)))
+    .service(resource("/webhooks/{id}/replay", "POST").route(web::post().to(webhooks::replay)))
     .service(resource("/deliveries", "GET").route(web::get().to(deliveries::list)))
     .service(resource("/deliveries/{id}", "GET").route(web::get().to(deliveries::get)))
     .service(resource("/deliveries/{id}/retry", "POST").route(web::post().to(deliveries::retry)))

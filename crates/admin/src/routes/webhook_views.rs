@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Deserializer, Serialize};
 use time::OffsetDateTime;
-use tocsin_domain::{EventKind, WebhookFilters, WebhookHeaders};
+use tocsin_domain::{EventKind, WebhookFilters, WebhookHeaders, WebhookOrdering};
 use tocsin_storage::health::{self, WebhookHealth};
 use tocsin_storage::webhooks::{self as repo, NewWebhook as NewRecord};
 use utoipa::ToSchema;
@@ -48,6 +48,9 @@ pub struct Webhook {
     /// limit.
     #[schema(minimum = 1, maximum = 10000)]
     pub rate_limit_per_second: Option<u32>,
+    /// In what order it receives an incident's events.
+    #[schema(value_type = schema::Ordering)]
+    pub ordering: WebhookOrdering,
     pub health: Health,
     /// Until when the secret before the last rotation still signs beside the current one
     /// (`null` when no rotation is in its grace period).
@@ -68,6 +71,7 @@ impl Webhook {
             filters: Filters::from(&webhook.filters),
             headers: webhook.headers.masked(),
             rate_limit_per_second: webhook.rate_limit.map(|r| r.per_second()),
+            ordering: webhook.ordering,
             health: health.into(),
             id: webhook.id,
             name: webhook.name.as_str().to_owned(),
@@ -317,6 +321,10 @@ pub struct NewWebhook {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 10000)]
     pub rate_limit_per_second: Option<i64>,
+    /// Default `none`.
+    #[serde(default)]
+    #[schema(value_type = Option<schema::Ordering>, default = "none")]
+    pub ordering: Option<WebhookOrdering>,
 }
 
 /// Retry settings in a request; a field left out takes its default at creation and keeps its
@@ -398,6 +406,11 @@ pub struct WebhookChange {
     #[serde(default, deserialize_with = "nullable")]
     #[schema(value_type = Option<i64>, minimum = 1, maximum = 10000)]
     pub rate_limit_per_second: Option<Option<i64>>,
+    /// Changing it to `none` releases the deliveries waiting for their incident's order within
+    /// a second.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = schema::Ordering)]
+    pub ordering: Option<WebhookOrdering>,
 }
 
 /// Bulk recovery: send what the webhook missed since a time.
@@ -407,6 +420,60 @@ pub struct Recover {
     /// RFC 3339.
     #[schema(format = DateTime, example = "2026-11-22T00:00:00Z")]
     pub since: String,
+}
+
+/// A replay: the webhook's past events of a window that it has no delivery of.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayRequest {
+    /// RFC 3339: events that happened at or after this time.
+    #[schema(format = DateTime, example = "2026-11-01T00:00:00Z")]
+    pub since: String,
+    /// RFC 3339: events that happened before this time; default now.
+    #[serde(default)]
+    #[schema(format = DateTime)]
+    pub until: Option<String>,
+    /// Only these kinds (each one the webhook subscribes to); default every kind it subscribes
+    /// to.
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<schema::EventKind>>)]
+    pub events: Option<Vec<String>>,
+}
+
+/// A replay, as asked for and as far as it got.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Replay {
+    pub id: Uuid,
+    pub webhook_id: Uuid,
+    #[serde(with = "time::serde::rfc3339")]
+    pub since: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub until: Option<OffsetDateTime>,
+    /// `null`: every kind the webhook subscribes to.
+    #[schema(value_type = Option<Vec<schema::EventKind>>)]
+    pub events: Option<Vec<String>>,
+    /// Deliveries created so far (events the webhook had a delivery of get none).
+    pub created: i64,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// When the replay reached the end of its window; `null` while dispatchers work on it.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub finished_at: Option<OffsetDateTime>,
+}
+
+impl From<tocsin_storage::replays::Replay> for Replay {
+    fn from(r: tocsin_storage::replays::Replay) -> Self {
+        Replay {
+            id: r.id,
+            webhook_id: r.webhook_id,
+            since: r.since,
+            until: r.until,
+            events: r.kinds,
+            created: r.created,
+            created_at: r.created_at,
+            finished_at: r.finished_at,
+        }
+    }
 }
 
 /// How many deliveries a bulk recovery enqueued.
@@ -455,6 +522,7 @@ impl NewWebhook {
             headers: self.headers.as_ref(),
             current_headers: None,
             rate_limit_per_second: self.rate_limit_per_second.map(Some),
+            ordering: self.ordering,
         })?)
     }
 }
@@ -476,6 +544,7 @@ impl WebhookChange {
             headers: self.headers.as_ref(),
             current_headers,
             rate_limit_per_second: self.rate_limit_per_second,
+            ordering: self.ordering,
         })?)
     }
 }
@@ -502,6 +571,7 @@ mod tests {
             filters: None,
             headers: None,
             rate_limit_per_second: None,
+            ordering: None,
         }
     }
 

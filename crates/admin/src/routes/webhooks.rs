@@ -6,8 +6,8 @@ use tocsin_storage::webhooks as repo;
 use uuid::Uuid;
 
 use super::webhook_views::{
-    health_before_change, view, views, NewWebhook, Recover, Recovered, TestEventAccepted, Webhook,
-    WebhookChange, WebhookList, WebhookWithSecret,
+    health_before_change, view, views, NewWebhook, Recover, Recovered, Replay, ReplayRequest,
+    TestEventAccepted, Webhook, WebhookChange, WebhookList, WebhookWithSecret,
 };
 use crate::actions;
 use crate::error::{AdminError, OrNotFound};
@@ -226,6 +226,43 @@ pub async fn send_test_event(
         event: event.kind,
         incident_id: event.incident_id,
     }))
+}
+
+/// Gives the webhook the past events of a window (`since`, `until`, kinds) that it subscribes
+/// to, its filters accept, and it has no delivery of yet: a new integration brought up to date.
+/// Answers at once; dispatchers create the deliveries a page at a time, marked `replayed`, and
+/// they follow the schedule, the rate limit and the ordering like any other. A second replay of
+/// the same window makes nothing new. Events older than the retention period are gone.
+#[utoipa::path(
+    post,
+    path = "/api/v1/webhooks/{id}/replay",
+    operation_id = "replayEvents",
+    tag = "webhooks",
+    params(("id" = Uuid, Path, description = "The webhook's id")),
+    request_body = ReplayRequest,
+    responses(
+        (status = 202, description = "The replay is recorded; dispatchers work through it", body = Replay),
+        schema::JsonBodyErrors,
+        (status = 404, description = "No such webhook", body = schema::ErrorBody),
+        (status = 422, description = "A field is not valid (named in `field`)", body = schema::ErrorBody),
+    )
+)]
+#[tracing::instrument(skip_all, fields(id = %id))]
+pub async fn replay(
+    req: HttpRequest,
+    id: web::Path<Uuid>,
+    payload: web::Payload,
+    state: web::Data<AdminState>,
+) -> Result<HttpResponse, AdminError> {
+    let body: ReplayRequest = state.json(&req, payload).await?;
+    let request = actions::replay_request(
+        *id,
+        &body.since,
+        body.until.as_deref(),
+        body.events.as_deref(),
+    )?;
+    let replay = actions::replay(&state, &request).await?;
+    Ok(HttpResponse::Accepted().json(Replay::from(replay)))
 }
 
 /// Sends what the webhook missed since `since`: every failed delivery created since then gets

@@ -457,6 +457,7 @@ async fn webhooks_are_created_read_changed_and_deleted() {
             "filters",
             "headers",
             "rate_limit_per_second",
+            "ordering",
             "health",
             "secret"
         ])
@@ -1197,7 +1198,8 @@ async fn the_delivery_log_lists_filters_and_shows_attempts() {
             "attempt_count",
             "next_attempt_at",
             "created_at",
-            "updated_at"
+            "updated_at",
+            "replayed"
         ])
     );
     let item = &list["items"][1];
@@ -1254,7 +1256,9 @@ async fn the_delivery_log_lists_filters_and_shows_attempts() {
     assert_eq!(status, StatusCode::OK, "{detail}");
     let mut expected_keys = keys(&list["items"][1]);
     expected_keys.insert("attempts".into());
+    expected_keys.insert("waits_for".into());
     assert_eq!(keys(&detail), expected_keys);
+    assert!(detail["waits_for"].is_null(), "it waits for no earlier delivery");
     let attempts = detail["attempts"].as_array().unwrap();
     assert_eq!(attempts.len(), 1);
     assert_eq!(
@@ -1354,42 +1358,10 @@ async fn a_manual_retry_enqueues_one_attempt_through_the_outbox() {
 async fn a_recovery_meeting_a_disabling_waits_for_it_and_refuses() {
     let admin = TestAdmin::start().await;
     let webhook = id_of(&admin.create_webhook("ops").await);
-    let mut conn = admin.conn().await;
-    seed_failed_delivery(&mut conn, webhook).await;
-
-    // A disabling under way: its transaction holds the webhook's row.
-    let mut disabling = admin.conn().await;
-    diesel::sql_query("BEGIN")
-        .execute(&mut disabling)
-        .await
-        .unwrap();
-    diesel::sql_query("UPDATE webhooks SET enabled = false WHERE id = $1")
-        .bind::<SqlUuid, _>(webhook)
-        .execute(&mut disabling)
-        .await
-        .unwrap();
+    seed_failed_delivery(&mut admin.conn().await, webhook).await;
     let since = rfc3339(OffsetDateTime::now_utc() - time::Duration::days(1));
-    let (path, body) = (
-        format!("/api/v1/webhooks/{webhook}/recover"),
-        json!({"since": since}),
-    );
-    let recover = admin.post(&path, &body);
-    let commit = async {
-        wait_until("the recovery to wait for the webhook's row", DEADLINE, || async {
-            admin
-                .count("pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
-                .await
-                == 1
-        })
-        .await;
-        diesel::sql_query("COMMIT")
-            .execute(&mut disabling)
-            .await
-            .unwrap();
-    };
-    let ((status, body), ()) = tokio::join!(recover, commit);
-    assert_eq!(status, StatusCode::CONFLICT, "{body}");
-    assert!(admin.manual_retry_outbox_rows().await.is_empty());
+    let path = format!("/api/v1/webhooks/{webhook}/recover");
+    meeting_a_disabling(&admin, webhook, &path, &json!({"since": since})).await;
 }
 
 /// A retry takes the webhook's row lock as recover does: one that meets a disabling under way
@@ -1399,8 +1371,15 @@ async fn a_recovery_meeting_a_disabling_waits_for_it_and_refuses() {
 async fn a_retry_meeting_a_disabling_waits_for_it_and_refuses() {
     let admin = TestAdmin::start().await;
     let webhook = id_of(&admin.create_webhook("ops").await);
-    let mut conn = admin.conn().await;
-    let delivery = seed_failed_delivery(&mut conn, webhook).await;
+    let delivery = seed_failed_delivery(&mut admin.conn().await, webhook).await;
+    let path = format!("/api/v1/deliveries/{delivery}/retry");
+    meeting_a_disabling(&admin, webhook, &path, &json!({})).await;
+}
+
+/// Posts `body` to `path` while a disabling of `webhook` holds its row in an open transaction,
+/// commits the disabling once the request waits for the row, and checks that the request was
+/// refused (409) with nothing enqueued.
+async fn meeting_a_disabling(admin: &TestAdmin, webhook: Uuid, path: &str, body: &Value) {
     let mut disabling = admin.conn().await;
     diesel::sql_query("BEGIN")
         .execute(&mut disabling)
@@ -1411,10 +1390,9 @@ async fn a_retry_meeting_a_disabling_waits_for_it_and_refuses() {
         .execute(&mut disabling)
         .await
         .unwrap();
-    let (path, body) = (format!("/api/v1/deliveries/{delivery}/retry"), json!({}));
-    let retry = admin.post(&path, &body);
+    let request = admin.post(path, body);
     let commit = async {
-        wait_until("the retry to wait for the webhook's row", DEADLINE, || async {
+        wait_until("the request to wait for the webhook's row", DEADLINE, || async {
             admin
                 .count("pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
                 .await
@@ -1426,7 +1404,7 @@ async fn a_retry_meeting_a_disabling_waits_for_it_and_refuses() {
             .await
             .unwrap();
     };
-    let ((status, body), ()) = tokio::join!(retry, commit);
+    let ((status, body), ()) = tokio::join!(request, commit);
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert!(admin.manual_retry_outbox_rows().await.is_empty());
 }
@@ -1592,10 +1570,13 @@ async fn incident_status_changes_follow_the_rules_and_emit_events() {
             "created_at",
             "updated_at",
             "resolved_at",
-            "labels"
+            "labels",
+            "format"
         ])
     );
     assert_eq!(incident["labels"], json!({}));
+    // Its key is in no source's namespace.
+    assert_eq!(incident["format"], Value::Null);
     assert_eq!(incident["status"], "triggered");
     assert_eq!(incident["severity"], "SEV2");
 
@@ -1732,8 +1713,22 @@ async fn inbound_tokens_are_issued_listed_and_revoked() {
             "prefix",
             "created_at",
             "last_used_at",
-            "revoked_at"
+            "revoked_at",
+            "source",
+            "basic_auth",
+            "query_token",
+            "signed"
         ])
+    );
+    assert_eq!(
+        (
+            &listed["source"],
+            &listed["basic_auth"],
+            &listed["query_token"],
+            &listed["signed"]
+        ),
+        (&Value::Null, &json!(false), &json!(false), &json!(false)),
+        "a token is bound to no source and takes the bearer header only, by default"
     );
     assert!(
         !list.to_string().contains(&token[17..]),
@@ -1777,6 +1772,87 @@ async fn inbound_tokens_are_issued_listed_and_revoked() {
         assert_error(what, &answer, StatusCode::UNPROCESSABLE_ENTITY, field);
     }
     assert_eq!(admin.count("inbound_tokens").await, 1);
+    admin.stop().await;
+}
+
+#[tokio::test]
+async fn a_token_binds_a_source_and_opts_in_to_other_credentials() {
+    let admin = TestAdmin::start().await;
+    let (status, created) = admin
+        .post(
+            "/api/v1/tokens",
+            &json!({"name": "sentry", "source": "sentry", "basic_auth": true,
+                    "signing_secret": "sentry-client-secret"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["source"], "sentry");
+    assert_eq!(created["basic_auth"], true);
+    assert_eq!(created["query_token"], false);
+    assert_eq!(created["signed"], true);
+    assert!(!created.to_string().contains("sentry-client-secret"));
+    let (status, created) = admin
+        .post(
+            "/api/v1/tokens",
+            &json!({"name": "azure", "source": "azure", "query_token": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let (_, list) = admin.get("/api/v1/tokens").await;
+    assert!(!list.to_string().contains("sentry-client-secret"));
+    let sources: Vec<&Value> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["source"])
+        .collect();
+    assert_eq!(sources, [&json!("azure"), &json!("sentry")]);
+    let presented = AccessToken::from_presented(created["token"].as_str().unwrap()).unwrap();
+    let mut conn = admin.conn().await;
+    let live = tokens::authenticate_all(&mut conn, &[presented])
+        .await
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    assert_eq!(live.source, Some(tocsin_domain::alerts::AlertFormat::Azure));
+    assert!(live.query_token && !live.basic_auth);
+
+    for (what, body, field) in [
+        (
+            "unknown source",
+            json!({"name": "x", "source": "nagios"}),
+            Some("source"),
+        ),
+        (
+            "source of the wrong type",
+            json!({"name": "x", "source": 1}),
+            Some("source"),
+        ),
+        (
+            "a secret without sentry",
+            json!({"name": "x", "source": "cloudwatch", "signing_secret": "s"}),
+            Some("signing_secret"),
+        ),
+        (
+            "a secret without a source",
+            json!({"name": "x", "signing_secret": "s"}),
+            Some("signing_secret"),
+        ),
+        (
+            "an empty secret",
+            json!({"name": "x", "source": "sentry", "signing_secret": " "}),
+            Some("signing_secret"),
+        ),
+        (
+            "basic_auth not a boolean",
+            json!({"name": "x", "basic_auth": "yes"}),
+            Some("basic_auth"),
+        ),
+    ] {
+        let answer = admin.post("/api/v1/tokens", &body).await;
+        assert_error(what, &answer, StatusCode::UNPROCESSABLE_ENTITY, field);
+    }
+    assert_eq!(admin.count("inbound_tokens").await, 2);
     admin.stop().await;
 }
 
@@ -1972,6 +2048,44 @@ async fn the_token_cli_prints_a_token_that_ingest_accepts() {
         .unwrap();
     assert!(!output.status.success());
     assert!(output.stdout.is_empty());
+
+    // A token bound to a source, with basic authentication.
+    let output = binary(&[("DATABASE_URL", &db.url)])
+        .args([
+            "token",
+            "create",
+            "--name",
+            "sns",
+            "--source",
+            "cloudwatch",
+            "--basic-auth",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let presented =
+        AccessToken::from_presented(String::from_utf8(output.stdout).unwrap().trim()).unwrap();
+    let live = tokens::authenticate_all(&mut conn, &[presented])
+        .await
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    assert_eq!(
+        live.source,
+        Some(tocsin_domain::alerts::AlertFormat::CloudWatch)
+    );
+    assert!(live.basic_auth && !live.query_token);
+    let output = binary(&[("DATABASE_URL", &db.url)])
+        .args(["token", "create", "--name", "x", "--source", "nagios"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--source"), "{stderr}");
 }
 
 /// Messages waiting in the delivery queue.
@@ -2335,4 +2449,86 @@ async fn wrong_admin_tokens_are_limited_per_address_but_the_right_one_always_pas
         .unwrap();
     assert_eq!(bare.status(), 401);
     assert_eq!(call("wrong-token-wrong-token").await.unwrap().status(), 429);
+}
+
+/// `POST /api/v1/webhooks/{id}/replay` records a replay and answers at once (202) with it;
+/// each field is checked (422 naming it), and an unknown webhook is 404.
+#[tokio::test]
+async fn a_replay_is_recorded_at_once_and_its_fields_are_checked() {
+    let admin = TestAdmin::start().await;
+    let webhook = id_of(&admin.create_webhook("ops").await);
+    let path = format!("/api/v1/webhooks/{webhook}/replay");
+    let (status, body) = admin
+        .post(
+            &path,
+            &json!({"since": "2026-11-01T00:00:00Z", "events": ["incidents.opened"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["webhook_id"], webhook.to_string());
+    assert_eq!(body["events"], json!(["incidents.opened"]));
+    assert_eq!(body["created"], 0);
+    assert!(body["finished_at"].is_null());
+    assert_eq!(admin.count("replays").await, 1);
+    for (request, field) in [
+        (json!({"since": "yesterday"}), "since"),
+        (
+            json!({"since": "2026-11-02T00:00:00Z", "until": "2026-11-01T00:00:00Z"}),
+            "until",
+        ),
+        (
+            json!({"since": "2026-11-01T00:00:00Z", "events": ["incidents.closed"]}),
+            "events[0]",
+        ),
+        (
+            json!({"since": "2026-11-01T00:00:00Z", "events": []}),
+            "events",
+        ),
+    ] {
+        let (status, body) = admin.post(&path, &request).await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{request}: {body}"
+        );
+        assert_eq!(body["error"]["field"], field, "{request}: {body}");
+    }
+    let (status, _) = admin
+        .post(
+            &format!("/api/v1/webhooks/{}/replay", Uuid::now_v7()),
+            &json!({"since": "2026-11-01T00:00:00Z"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        admin.count("replays").await,
+        1,
+        "nothing recorded for a refusal"
+    );
+}
+
+/// A webhook's `ordering` is `none` by default, set at creation, changed by PATCH, and
+/// anything else is refused naming the field.
+#[tokio::test]
+async fn a_webhooks_ordering_is_set_read_and_checked() {
+    let admin = TestAdmin::start().await;
+    let created = admin.create_webhook("ops").await;
+    assert_eq!(created["ordering"], "none");
+    let id = id_of(&created);
+    let (status, body) = admin
+        .patch(
+            &format!("/api/v1/webhooks/{id}"),
+            &json!({"ordering": "incident"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["ordering"], "incident");
+    let (status, body) = admin
+        .patch(
+            &format!("/api/v1/webhooks/{id}"),
+            &json!({"ordering": "by-time"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "ordering", "{body}");
 }

@@ -995,6 +995,7 @@ async fn metrics_show_queue_depths_and_the_unfinished_backlog() {
     let rules = tocsin_storage::fan_out::FanOutRules {
         claim: false,
         lease_margin: Duration::from_secs(5),
+        replay_to: None,
     };
     tocsin_storage::fan_out::fan_out(&mut conn, &fan_outs, &[], rules)
         .await

@@ -5,4 +5,5 @@
 mod common;
 mod delivery;
 mod hostile;
+mod ordering;
 mod process;

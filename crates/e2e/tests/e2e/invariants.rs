@@ -15,7 +15,11 @@
 //! - no delivery seen `succeeded` changed state afterwards;
 //! - every event has exactly one delivery for the webhook that stayed subscribed throughout, at
 //!   most one for the others, every delivery is listed in the delivery log (the admin API),
-//!   and every one has finished: nothing is lost or left behind.
+//!   and every one has finished: nothing is lost or left behind;
+//! - the webhook with `ordering: incident` got every event once, and each incident's events in
+//!   order (its automatic requests about one incident never go back to an earlier event), while
+//!   replays of the run's window are asked for under way (they add nothing to what the events'
+//!   fan-outs made).
 //!
 //! Each run prints its seed; `TOCSIN_INVARIANT_SEEDS=7,42` replays those seeds' schedules
 //! (`TOCSIN_INVARIANT_RUNS=n` runs n seeds drawn from the clock; the default is a fixed list).
@@ -79,6 +83,9 @@ enum Action {
     Toggle { hook: usize, after: Duration },
     /// Delete a webhook (the third).
     Delete { hook: usize },
+    /// Replay every event since the run began to a webhook (the stable one, or the ordered
+    /// one), while the run goes on: it has deliveries of them all, or gets them once.
+    Replay { hook: usize },
 }
 
 fn schedule(seed: u64) -> Vec<(Duration, Action)> {
@@ -119,6 +126,10 @@ fn schedule(seed: u64) -> Vec<(Duration, Action)> {
     }
     if rng.below(3) == 0 {
         actions.push((ms(&mut rng), Action::Delete { hook: 2 }));
+    }
+    for _ in 0..(1 + rng.below(2)) {
+        let hook = if rng.below(2) == 0 { 0 } else { 3 };
+        actions.push((ms(&mut rng), Action::Replay { hook }));
     }
     actions.sort_by_key(|(at, _)| *at);
     actions
@@ -245,8 +256,16 @@ impl System {
             .await;
         system.token = token["token"].as_str().expect("a token").to_owned();
         let mut rng = Rng(seed ^ 0x5EED);
-        for (i, path) in ["/stable", "/toggled", "/deleted"].iter().enumerate() {
+        for (i, path) in ["/stable", "/toggled", "/deleted", "/ordered"]
+            .iter()
+            .enumerate()
+        {
             let max_attempts = 2 + rng.below(4) as i32;
+            let ordering = if *path == "/ordered" {
+                "incident"
+            } else {
+                "none"
+            };
             let created = system
                 .admin(
                     "POST",
@@ -256,6 +275,7 @@ impl System {
                         "url": system.target.url(path),
                         "events": ["incidents.opened", "incidents.status_changed", "incidents.resolved"],
                         "retry": {"max_attempts": max_attempts, "timeout_ms": 1000},
+                        "ordering": ordering,
                     })),
                 )
                 .await;
@@ -563,6 +583,19 @@ async fn run(seed: u64) -> Vec<String> {
                     .admin("DELETE", &format!("/api/v1/webhooks/{id}"), None)
                     .await;
             }
+            Action::Replay { hook } => {
+                let id = system.hooks[hook];
+                let since = (time::OffsetDateTime::now_utc() - time::Duration::minutes(10))
+                    .format(&time::format_description::well_known::Rfc3339)
+                    .unwrap();
+                system
+                    .admin(
+                        "POST",
+                        &format!("/api/v1/webhooks/{id}/replay"),
+                        Some(json!({"since": since})),
+                    )
+                    .await;
+            }
         }
     }
     for (when, which) in restarts {
@@ -675,7 +708,8 @@ async fn run(seed: u64) -> Vec<String> {
     for (key, attempt) in &logged {
         if !received.contains_key(key) {
             not_sent += 1;
-            if attempt.error.as_deref() != Some("interrupted") {
+            // Interrupted before its request went out, or given no room within its lease.
+            if !matches!(attempt.error.as_deref(), Some("interrupted" | "not_sent")) {
                 broken.push(format!(
                     "attempt {key:?} is logged ({:?}, {:?}) but the target never got it",
                     attempt.success, attempt.error
@@ -714,15 +748,52 @@ async fn run(seed: u64) -> Vec<String> {
     for d in &all {
         *per_pair.entry((d.event_id, d.webhook_id)).or_default() += 1;
     }
-    let stable = system.hooks[0];
-    for event in &events {
-        let n = per_pair.get(&(event.id, stable)).copied().unwrap_or(0);
-        if n != 1 {
+    for (name, hook) in [("stable", system.hooks[0]), ("ordered", system.hooks[3])] {
+        for event in &events {
+            let n = per_pair.get(&(event.id, hook)).copied().unwrap_or(0);
+            if n != 1 {
+                broken.push(format!(
+                    "event {} has {n} deliveries for the {name} webhook",
+                    event.id
+                ));
+            }
+        }
+    }
+
+    // 5. The ordered webhook got each incident's events in order: its automatic requests
+    //    about one incident never go back to an earlier event (a manual retry is made at
+    //    once, whatever the order).
+    let rank = |kind: &str| match kind {
+        "incidents.opened" => 0,
+        "incidents.status_changed" => 1,
+        _ => 2,
+    };
+    let mut last_rank: HashMap<String, u8> = HashMap::new();
+    for request in system.target.requests() {
+        if request.path != "/ordered" {
+            continue;
+        }
+        let key = (
+            request.header("webhook-id").unwrap_or_default().to_owned(),
+            request
+                .header("tocsin-attempt")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0),
+        );
+        if logged.get(&key).is_none_or(|a| a.trigger != "automatic") {
+            continue;
+        }
+        let body = request.json();
+        let incident = body["data"]["id"].as_str().unwrap_or_default().to_owned();
+        let this = rank(body["event"].as_str().unwrap_or_default());
+        let before = last_rank.entry(incident.clone()).or_insert(this);
+        if this < *before {
             broken.push(format!(
-                "event {} has {n} deliveries for the stable webhook",
-                event.id
+                "ordered webhook: incident {incident} got {} after a later event",
+                body["event"]
             ));
         }
+        *before = (*before).max(this);
     }
     for ((event, webhook), n) in &per_pair {
         if *n > 1 {
@@ -792,7 +863,7 @@ fn kind_of(problem: &str) -> &'static str {
         ),
         (
             "never got it",
-            "a logged attempt (not interrupted) never reached the target",
+            "a logged attempt (not interrupted, not `not_sent`) never reached the target",
         ),
         ("succeeded, now", "a succeeded delivery changed state"),
         (
@@ -802,6 +873,14 @@ fn kind_of(problem: &str) -> &'static str {
         (
             "for the stable webhook",
             "an event without its delivery to a subscribed webhook",
+        ),
+        (
+            "for the ordered webhook",
+            "an event without its delivery to the ordered webhook",
+        ),
+        (
+            "after a later event",
+            "an ordered webhook got an incident's events out of order",
         ),
         (
             "deliveries for",

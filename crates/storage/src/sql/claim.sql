@@ -19,6 +19,11 @@
 -- admitted. One not admitted waits, `rate_limited`, until its slot is admissible
 -- (`next_attempt_at`); the waiting pass takes it then.
 --
+-- An automatic attempt of a webhook that receives each incident's events in order
+-- (`ordering = 'incident'`) is admitted only once every earlier delivery of its incident to the
+-- webhook (by the events' `seq`) has finished; until then the delivery waits (`ordering`), and
+-- the claim of the delivery that finishes the one before it, or the waiting pass, takes it.
+--
 -- A manual attempt is admitted for an enabled, undeleted webhook's delivery unless it has
 -- succeeded, and only while a manual attempt is asked for (`manual_requested`, set by the
 -- request and cleared by this claim: one request, one attempt, however often its message is
@@ -33,11 +38,11 @@ WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::int4[]) AS v(id, trigger, expected)
 ), locked AS (
     SELECT d.id, d.webhook_id, d.state, d.attempting_until, d.auto_attempts, d.next_attempt_at,
-        d.manual_requested
+        d.manual_requested, d.event_id, d.incident_id
     FROM deliveries d JOIN input v ON v.id = d.id ORDER BY d.id FOR UPDATE OF d
-), eligible AS (
-    SELECT l.id, l.webhook_id, v.trigger, w.timeout_ms,
-        CASE WHEN v.trigger = 'automatic' THEN w.rate_limit_per_second END AS rate
+), admissible AS (
+    SELECT l.id, l.webhook_id, l.event_id, l.incident_id, v.trigger, w.timeout_ms, w.ordering,
+        w.rate_limit_per_second AS rate_limit
     FROM locked l JOIN input v ON v.id = l.id JOIN webhooks w ON w.id = l.webhook_id
     WHERE w.deleted_at IS NULL AND w.enabled
         AND CASE v.trigger
@@ -49,6 +54,17 @@ WITH input AS (
                 AND l.next_attempt_at <= now() + $6 * interval '1 millisecond'
             ELSE l.state <> 'succeeded' AND l.manual_requested
         END
+), eligible AS (
+    SELECT a.id, a.webhook_id, a.trigger, a.timeout_ms, a.behind,
+        CASE WHEN a.trigger = 'automatic' AND NOT a.behind THEN a.rate_limit END AS rate
+    FROM (SELECT a.*, a.trigger = 'automatic' AND a.ordering = 'incident' AND EXISTS (
+            SELECT 1 FROM deliveries p JOIN events pe ON pe.id = p.event_id,
+                events me
+            WHERE me.id = a.event_id AND p.webhook_id = a.webhook_id
+                AND p.incident_id = a.incident_id AND p.id <> a.id
+                AND p.state IN ('pending', 'waiting', 'retrying')
+                AND (coalesce(pe.seq, 0), pe.id) < (coalesce(me.seq, 0), me.id)) AS behind
+        FROM admissible a) a
 ), budget AS (
     SELECT b.webhook_id, greatest(b.next_free_at, now()) AS free_at
     FROM webhook_rate_budgets b
@@ -60,7 +76,7 @@ WITH input AS (
             * interval '1 second' / e.rate AS slot
     FROM eligible e LEFT JOIN budget b ON b.webhook_id = e.webhook_id AND e.rate IS NOT NULL
 ), judged AS (
-    SELECT s.*, coalesce(s.slot <= now() + s.burst, true) AS admitted
+    SELECT s.*, coalesce(s.slot <= now() + s.burst, true) AND NOT s.behind AS admitted
     FROM (SELECT s.*, interval '1 second' - interval '1 second' / s.rate AS burst
           FROM slotted s) s
 ), spent AS (
@@ -71,8 +87,10 @@ WITH input AS (
     WHERE b.webhook_id = x.webhook_id
 ), limited AS (
     UPDATE deliveries AS d SET
-        state = 'waiting', wait_reason = 'rate_limited',
-        next_attempt_at = j.slot - j.burst, updated_at = now()
+        state = 'waiting',
+        wait_reason = CASE WHEN j.behind THEN 'ordering' ELSE 'rate_limited' END,
+        next_attempt_at = CASE WHEN j.behind THEN d.next_attempt_at ELSE j.slot - j.burst END,
+        updated_at = now()
     FROM judged j
     WHERE d.id = j.id AND NOT j.admitted
 ), claimed AS (

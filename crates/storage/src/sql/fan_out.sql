@@ -23,15 +23,46 @@
 -- the request) plus $7 ms, and logged with no outcome yet, in this same statement; the
 -- fanning dispatcher makes them.
 -- Otherwise they start `pending`.
-WITH input AS (
+--
+-- A replay ($9, a webhook id; else NULL) gives the events to that one webhook only, as their
+-- fan-out would have (subscription and filters apply), and marks the deliveries `replayed`.
+--
+-- A webhook that receives each incident's events in order (`ordering = 'incident'`) also gets
+-- the deliveries of the incident's earlier events it has none of (those that happened since it
+-- was created and that its subscription and filters accept), and a delivery that has an
+-- unfinished earlier one for the same incident, made before or in this statement, starts
+-- `waiting` (`ordering`), neither claimed nor taking room: it is claimed once the earlier one
+-- has finished (`sql/claim.sql` refuses it until then). Events are ordered by `seq`.
+WITH given AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::uuid[])
         AS v(event_id, kind, incident_id, test_webhook_id)
+), earlier AS (
+    -- While any webhook receives incidents' events in order: each given event's incident's
+    -- earlier events, fanned out or not, so that every earlier delivery exists before a later
+    -- one is decided (two dispatchers may fan out one incident's events in either order).
+    SELECT DISTINCT e.id AS event_id, e.kind, e.incident_id, NULL::uuid AS test_webhook_id
+    FROM given v JOIN events g ON g.id = v.event_id
+        JOIN events e ON e.incident_id = v.incident_id AND e.test_webhook_id IS NULL
+            AND (coalesce(e.seq, 0), e.id) < (coalesce(g.seq, 0), g.id)
+    WHERE v.test_webhook_id IS NULL
+        AND EXISTS (SELECT 1 FROM webhooks w WHERE w.ordering = 'incident' AND w.deleted_at IS NULL)
+        AND e.id NOT IN (SELECT x.event_id FROM given x)
+), input AS (
+    SELECT v.*, false AS earlier FROM given v
+    UNION ALL
+    SELECT x.*, true FROM earlier x
 ), subscribed AS (
     SELECT v.event_id, v.kind, v.incident_id, w.id AS webhook_id, w.timeout_ms, w.enabled,
-        w.rate_limit_per_second IS NOT NULL AS limited
+        w.rate_limit_per_second IS NOT NULL AS limited, w.ordering = 'incident' AS ordered
     FROM input v JOIN webhooks w
         ON w.deleted_at IS NULL AND w.events @> ARRAY[v.kind]
-    WHERE v.test_webhook_id IS NULL
+    WHERE v.test_webhook_id IS NULL AND ($9::uuid IS NULL OR w.id = $9)
+        -- An earlier event goes only to ordered webhooks that existed when it happened and
+        -- have no delivery of it yet.
+        AND (NOT v.earlier OR (w.ordering = 'incident'
+            AND (SELECT e.occurred_at FROM events e WHERE e.id = v.event_id) >= w.created_at
+            AND NOT EXISTS (SELECT 1 FROM deliveries d
+                WHERE d.event_id = v.event_id AND d.webhook_id = w.id)))
         AND (w.filters = '{}'::jsonb OR (
             SELECT webhook_filters_accept(w.filters, e.body::jsonb #>> '{data,severity}',
                 i.dedup_key, i.source, i.labels)
@@ -39,7 +70,7 @@ WITH input AS (
             WHERE e.id = v.event_id))
     UNION ALL
     SELECT v.event_id, v.kind, v.incident_id, w.id, w.timeout_ms, w.enabled,
-        w.rate_limit_per_second IS NOT NULL
+        w.rate_limit_per_second IS NOT NULL, false
     FROM input v JOIN webhooks w ON w.id = v.test_webhook_id AND w.deleted_at IS NULL
 ), disabled AS (
     SELECT w.id FROM webhooks w
@@ -47,36 +78,54 @@ WITH input AS (
         AND (w.events && $2::text[] OR w.id = ANY($4::uuid[]))
     FOR SHARE
 ), decided AS (
-    SELECT s.event_id, s.kind, s.incident_id, s.webhook_id, s.timeout_ms, s.limited,
-        d.id IS NULL AS enabled
+    SELECT s.event_id, s.kind, s.incident_id, s.webhook_id, s.timeout_ms, s.limited, s.ordered,
+        d.id IS NULL AS enabled,
+        CASE WHEN s.ordered THEN (SELECT coalesce(e.seq, 0) FROM events e WHERE e.id = s.event_id)
+            END AS seq,
+        s.ordered AND EXISTS (SELECT 1 FROM deliveries x
+            WHERE x.event_id = s.event_id AND x.webhook_id = s.webhook_id) AS delivered
     FROM subscribed s LEFT JOIN disabled d ON d.id = s.webhook_id
+), ordered AS (
+    -- Behind: for an ordered webhook, the incident has an earlier delivery to it that is not
+    -- finished, made before or in this statement; it waits (`ordering`).
+    SELECT s.*, s.enabled AND s.ordered AND (
+            count(*) FILTER (WHERE NOT s.delivered) OVER (
+                PARTITION BY s.webhook_id, s.incident_id, s.ordered ORDER BY s.seq, s.event_id
+                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) > 0
+            OR EXISTS (SELECT 1 FROM deliveries p JOIN events pe ON pe.id = p.event_id
+                WHERE p.webhook_id = s.webhook_id AND p.incident_id = s.incident_id
+                    AND p.state IN ('pending', 'waiting', 'retrying')
+                    AND (coalesce(pe.seq, 0), pe.id) < (s.seq, s.event_id))) AS behind
+    FROM decided s
 ), targets AS (
     SELECT s.*,
-        s.enabled AND row_number() OVER (PARTITION BY s.webhook_id ORDER BY s.event_id)
+        s.enabled AND NOT s.behind AND row_number() OVER (
+            PARTITION BY s.webhook_id, s.behind ORDER BY s.event_id)
             > coalesce(r.room, 9223372036854775807) AS busy,
-        $6 AND s.enabled AND NOT s.limited AND row_number() OVER (
-            PARTITION BY s.webhook_id ORDER BY s.event_id)
+        $6 AND s.enabled AND NOT s.behind AND NOT s.limited AND row_number() OVER (
+            PARTITION BY s.webhook_id, s.behind ORDER BY s.event_id)
             <= coalesce(r.room, 9223372036854775807) AS claim
-    FROM decided s LEFT JOIN unnest($5::uuid[], $8::int8[]) AS r(webhook_id, room)
+    FROM ordered s LEFT JOIN unnest($5::uuid[], $8::int8[]) AS r(webhook_id, room)
         ON r.webhook_id = s.webhook_id
 ), created AS (
     INSERT INTO deliveries
         (id, webhook_id, event_id, event, incident_id, state, wait_reason, attempt_count,
-         auto_attempts, attempting_until, next_attempt_at, created_at, updated_at)
+         auto_attempts, attempting_until, next_attempt_at, created_at, updated_at, replayed)
     SELECT
         encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
             PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
             FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid,
         t.webhook_id, t.event_id, t.kind, t.incident_id,
-        CASE WHEN NOT t.enabled OR t.busy THEN 'waiting' ELSE 'pending' END,
-        CASE WHEN NOT t.enabled THEN 'webhook_disabled' WHEN t.busy THEN 'webhook_busy' END,
+        CASE WHEN NOT t.enabled OR t.busy OR t.behind THEN 'waiting' ELSE 'pending' END,
+        CASE WHEN NOT t.enabled THEN 'webhook_disabled' WHEN t.behind THEN 'ordering'
+            WHEN t.busy THEN 'webhook_busy' END,
         CASE WHEN t.claim THEN 1 ELSE 0 END,
         CASE WHEN t.claim THEN 1 ELSE 0 END,
         CASE WHEN t.claim
             THEN now() + (2 * t.timeout_ms + $7) * interval '1 millisecond' END,
         CASE WHEN t.claim
             THEN now() + (2 * t.timeout_ms + $7) * interval '1 millisecond' ELSE now() END,
-        now(), now()
+        now(), now(), $9::uuid IS NOT NULL
     FROM targets t
     ORDER BY t.event_id, t.webhook_id
     ON CONFLICT (event_id, webhook_id) DO NOTHING

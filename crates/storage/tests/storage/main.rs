@@ -3,6 +3,8 @@
 //! `cargo nextest run -p tocsin-storage -E 'test(/^storage::/)'`.
 
 mod errors;
+mod ordering;
 mod relay;
 mod storage;
 mod subscription;
+mod tokens;

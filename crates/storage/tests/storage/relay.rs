@@ -63,6 +63,7 @@ async fn subscribe(db: &TestDb) -> uuid::Uuid {
         filters: Default::default(),
         headers: Default::default(),
         rate_limit: None,
+        ordering: Default::default(),
     };
     webhooks::create(&mut conn, &new).await.unwrap().id
 }

@@ -766,6 +766,7 @@ async fn a_fan_out_claims_the_first_attempts_of_the_deliveries_it_creates() {
     let rules = FanOutRules {
         claim: true,
         lease_margin: Duration::from_secs(5),
+        replay_to: None,
     };
     let fanned = fan_out::fan_out(
         &mut conn,
@@ -2409,6 +2410,7 @@ pub(crate) async fn webhook(
             filters: Default::default(),
             headers: Default::default(),
             rate_limit: None,
+            ordering: Default::default(),
         },
     )
     .await
@@ -2481,6 +2483,7 @@ pub(crate) async fn record_test_event(conn: &mut AsyncPgConnection, webhook_id: 
 pub(crate) const PENDING: FanOutRules = FanOutRules {
     claim: false,
     lease_margin: Duration::from_secs(5),
+    replay_to: None,
 };
 
 /// Whether a fan-out made nothing.

@@ -133,6 +133,7 @@ impl Harness {
                 filters: Default::default(),
                 headers: Default::default(),
                 rate_limit: None,
+                ordering: Default::default(),
             },
         )
         .await

@@ -1,0 +1,2 @@
+ALTER TABLE deliveries DROP COLUMN replayed;
+DROP TABLE replays;
