@@ -1258,7 +1258,10 @@ async fn the_delivery_log_lists_filters_and_shows_attempts() {
     expected_keys.insert("attempts".into());
     expected_keys.insert("waits_for".into());
     assert_eq!(keys(&detail), expected_keys);
-    assert!(detail["waits_for"].is_null(), "it waits for no earlier delivery");
+    assert!(
+        detail["waits_for"].is_null(),
+        "it waits for no earlier delivery"
+    );
     let attempts = detail["attempts"].as_array().unwrap();
     assert_eq!(attempts.len(), 1);
     assert_eq!(
