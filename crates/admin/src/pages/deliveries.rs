@@ -89,6 +89,7 @@ pub async fn delivery_log(
                 .filter(|_| d.state == DeliveryState::Retrying)
                 .map(When::of),
             wait_reason: d.wait_reason.map(|reason| reason.describe()),
+            replayed: d.replayed,
             attempts: d.attempt_count,
             webhook: show_webhook.then(|| {
                 (
@@ -258,6 +259,7 @@ pub async fn detail(
             .map(When::of),
         wait_reason: delivery.wait_reason.map(|reason| reason.describe()),
         waits_for: detail.waits_for.map(|id| id.to_string()),
+        replayed: delivery.replayed,
         created: When::of(delivery.created_at),
         updated: When::of(delivery.updated_at),
         webhook_name: webhook.name.as_str().to_owned(),

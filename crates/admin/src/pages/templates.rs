@@ -387,6 +387,8 @@ pub struct DeliveryRow {
     pub next_attempt: Option<When>,
     /// Why it is waiting, for people.
     pub wait_reason: Option<&'static str>,
+    /// Made by a replay of past events.
+    pub replayed: bool,
     pub attempts: i32,
     pub webhook: Option<(String, String)>,
 }
@@ -450,6 +452,8 @@ pub struct DeliverySummary {
     pub wait_reason: Option<&'static str>,
     /// The id of the delivery it waits for, when it waits for its incident's order.
     pub waits_for: Option<String>,
+    /// Made by a replay of past events.
+    pub replayed: bool,
     pub created: When,
     pub updated: When,
     pub webhook_name: String,

@@ -429,14 +429,15 @@ pub struct ReplayRequest {
     /// RFC 3339: events that happened at or after this time.
     #[schema(format = DateTime, example = "2026-11-01T00:00:00Z")]
     pub since: String,
-    /// RFC 3339: events that happened before this time; default now.
+    /// RFC 3339: events that happened before this time; default now. At or before `since`,
+    /// the window is empty and nothing is replayed.
     #[serde(default)]
     #[schema(format = DateTime)]
     pub until: Option<String>,
     /// Only these kinds (each one the webhook subscribes to); default every kind it subscribes
     /// to.
     #[serde(default)]
-    #[schema(value_type = Option<Vec<schema::EventKind>>)]
+    #[schema(value_type = Option<Vec<schema::EventKind>>, min_items = 1)]
     pub events: Option<Vec<String>>,
 }
 

@@ -79,7 +79,8 @@ enum Action {
     Pound { pick: u64 },
     /// SIGKILL one dispatcher, then start a new one `after` later.
     Kill { which: usize, after: Duration },
-    /// Disable, then enable again after a while, a webhook (the second).
+    /// Disable, then enable again after a while and recover, a webhook (the second, or the
+    /// ordered fourth).
     Toggle { hook: usize, after: Duration },
     /// Delete a webhook (the third).
     Delete { hook: usize },
@@ -122,7 +123,9 @@ fn schedule(seed: u64) -> Vec<(Duration, Action)> {
     }
     if rng.below(2) == 0 {
         let after = Duration::from_millis(300 + rng.below(1500));
-        actions.push((ms(&mut rng), Action::Toggle { hook: 1, after }));
+        // The unordered webhook, or the ordered one (its order through disable and recover).
+        let hook = if rng.below(2) == 0 { 1 } else { 3 };
+        actions.push((ms(&mut rng), Action::Toggle { hook, after }));
     }
     if rng.below(3) == 0 {
         actions.push((ms(&mut rng), Action::Delete { hook: 2 }));
@@ -833,7 +836,7 @@ async fn run(seed: u64) -> Vec<String> {
     eprintln!(
         "invariant seed {seed}: {accepted} alerts accepted, {} events, {} deliveries, {} attempts \
          ({} automatic), {} requests received, {unlogged} unlogged, {not_sent} logged but not \
-         received (interrupted), {} problems",
+         received (interrupted, or not sent), {} problems",
         events.len(),
         all.len(),
         attempts.len(),
