@@ -250,7 +250,20 @@ async fn make(ctx: &Arc<Context>, job: Job, room: Room) -> Outcome {
         }
         Room::None => AttemptResult::not_sent(job.webhook.retry.timeout_ms()),
     };
-    observe(ctx, &job, &result, started);
+    // A request never sent says nothing of the target: no lag, duration or health of it.
+    let sent = result.error != Some(AttemptError::NotSent);
+    if sent {
+        observe(ctx, &job, &result, started);
+    } else {
+        ctx.metrics
+            .attempts
+            .with_label_values(&[
+                "failure",
+                AttemptError::NotSent.as_str(),
+                job.trigger.as_str(),
+            ])
+            .inc();
+    }
     tracing::debug!(
         status = result.status_code,
         success = result.success,
@@ -289,7 +302,9 @@ async fn make(ctx: &Arc<Context>, job: Job, room: Room) -> Outcome {
         }
         Err(outcome) => return outcome,
     };
-    ctx.health.add(job.webhook.id, &completion.result);
+    if sent {
+        ctx.health.add(job.webhook.id, &completion.result);
+    }
     if !completed.moved {
         return Outcome::Done;
     }

@@ -104,9 +104,8 @@ pub async fn claim(
     rules: ClaimRules,
 ) -> Result<Vec<Option<Job>>, DbError> {
     let rounds = rounds(claims.iter().map(|c| c.delivery_id));
-    if rounds.len() <= 1 {
-        return claim_round(conn, claims, rules).await;
-    }
+    // One transaction, so that a claim is never committed without its job: should a row not
+    // convert, nothing is claimed, and the batch is run item by item.
     conn.transaction::<_, DbError, _>(async |conn| {
         let mut answers = vec![None; claims.len()];
         for round in &rounds {

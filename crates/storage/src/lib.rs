@@ -141,11 +141,12 @@ pub fn transient(error: &diesel::result::Error) -> bool {
 /// name, each with its SQLSTATE. A server whose `lc_messages` is not English words them
 /// otherwise: there, these too count as the item's own error (the item fails with the
 /// message instead of being tried again).
-pub const TRANSIENT_MESSAGES: [(&str, &str); 13] = [
+pub const TRANSIENT_MESSAGES: [(&str, &str); 17] = [
     ("40P01", "deadlock detected"),
     ("55P03", "could not obtain lock"),
     ("55P03", "canceling statement due to lock timeout"),
     ("57014", "canceling statement due to statement timeout"),
+    ("57014", "canceling statement due to user request"),
     ("40001", "canceling statement due to conflict with recovery"),
     (
         "57P01",
@@ -163,7 +164,10 @@ pub const TRANSIENT_MESSAGES: [(&str, &str); 13] = [
     ("53300", "too many clients already"),
     ("53300", "remaining connection slots are reserved"),
     ("53200", "out of memory"),
+    ("53200", "out of shared memory"),
     ("53100", "could not extend file"),
+    ("53100", "could not write to file"),
+    ("53100", "could not create temporary file"),
 ];
 
 fn transient_message(message: &str) -> bool {

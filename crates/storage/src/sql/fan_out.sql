@@ -44,6 +44,10 @@ WITH given AS (
     FROM given v JOIN events g ON g.id = v.event_id
         JOIN events e ON e.incident_id = v.incident_id AND e.test_webhook_id IS NULL
             AND (coalesce(e.seq, 0), e.id) < (coalesce(g.seq, 0), g.id)
+            -- Recent ones only: this repairs fan-outs that race (seconds apart, or the length
+            -- of a broker outage), and never brings back an event whose delivery retention
+            -- pruned.
+            AND e.occurred_at > now() - interval '1 day'
     WHERE v.test_webhook_id IS NULL
         AND EXISTS (SELECT 1 FROM webhooks w WHERE w.ordering = 'incident' AND w.deleted_at IS NULL)
         AND e.id NOT IN (SELECT x.event_id FROM given x)
@@ -75,7 +79,8 @@ WITH given AS (
 ), disabled AS (
     SELECT w.id FROM webhooks w
     WHERE NOT w.enabled AND w.deleted_at IS NULL
-        AND (w.events && $2::text[] OR w.id = ANY($4::uuid[]))
+        AND (w.events && $2::text[] OR w.events && ARRAY(SELECT x.kind FROM earlier x)
+            OR w.id = ANY($4::uuid[]))
     FOR SHARE
 ), decided AS (
     SELECT s.event_id, s.kind, s.incident_id, s.webhook_id, s.timeout_ms, s.limited, s.ordered,

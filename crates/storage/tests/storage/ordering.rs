@@ -219,3 +219,53 @@ async fn a_replay_gives_each_past_event_once_a_page_at_a_time() {
     assert_eq!(third.created, 0);
     assert!(third.finished_at.is_some());
 }
+
+/// A disabled ordered webhook that subscribes to an incident's first event only: when a later
+/// event of another kind is fanned out first, the first event's delivery it brings in waits for
+/// the webhook (`webhook_disabled`), unclaimed, like any delivery to a disabled webhook. It
+/// used to be read as enabled, since only the given events' kinds were locked.
+#[tokio::test]
+async fn earlier_events_brought_in_respect_a_disabled_webhook() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool().get().await.unwrap();
+    let webhook = ordered_webhook(&mut conn, "opened only").await;
+    webhooks::update(
+        &mut conn,
+        webhook.id,
+        &WebhookChanges {
+            events: Some([EventKind::IncidentOpened].into_iter().collect()),
+            enabled: Some(false),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    open(&mut conn, "k").await;
+    let later = resolve(&mut conn, "k").await;
+    let claiming = fan_out::FanOutRules {
+        claim: true,
+        ..PENDING
+    };
+    let fanned = fan_out::fan_out(
+        &mut conn,
+        &[fan_out_request(&later[0], false)],
+        &[],
+        claiming,
+    )
+    .await
+    .unwrap();
+    assert!(
+        fanned[0].claimed.is_empty(),
+        "nothing claimed for a disabled webhook"
+    );
+    let mine = deliveries_of(&mut conn, webhook.id).await;
+    assert_eq!(mine.len(), 1);
+    assert_eq!(
+        (mine[0].event, mine[0].state, mine[0].wait_reason),
+        (
+            EventKind::IncidentOpened,
+            DeliveryState::Waiting,
+            Some(WaitReason::WebhookDisabled)
+        )
+    );
+}
