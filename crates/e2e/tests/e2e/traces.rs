@@ -230,8 +230,10 @@ async fn one_trace_runs_from_the_ingest_request_to_every_delivery_attempt() {
             })
             .cloned()
     };
+    // The retry's message span ends (and is exported) after its attempt's span: wait for it
+    // too, or the check below races the exporter's next batch.
     let (spans, request, first, second) = wait_for(
-        "the spans of the request and of both attempts",
+        "the spans of the request, of both attempts and of the retry's message",
         DEADLINE,
         || {
             let spans = spans(&otlp);
@@ -241,7 +243,16 @@ async fn one_trace_runs_from_the_ingest_request_to_every_delivery_attempt() {
                 .cloned();
             let first = attempt_span(&spans, "1");
             let second = attempt_span(&spans, "2");
-            async move { Some((spans, request?, first?, second?)) }
+            let retry_message = request.as_ref().and_then(|request| {
+                spans
+                    .iter()
+                    .find(|s| s.name == "delivery_message" && s.trace_id == request.trace_id)
+                    .map(|_| ())
+            });
+            async move {
+                retry_message?;
+                Some((spans, request?, first?, second?))
+            }
         },
     )
     .await;
