@@ -250,20 +250,9 @@ async fn make(ctx: &Arc<Context>, job: Job, room: Room) -> Outcome {
         }
         Room::None => AttemptResult::not_sent(job.webhook.retry.timeout_ms()),
     };
-    // A request never sent says nothing of the target: no lag, duration or health of it.
+    // A request never sent says nothing of the target: no health of it (nor lag or duration).
     let sent = result.error != Some(AttemptError::NotSent);
-    if sent {
-        observe(ctx, &job, &result, started);
-    } else {
-        ctx.metrics
-            .attempts
-            .with_label_values(&[
-                "failure",
-                AttemptError::NotSent.as_str(),
-                job.trigger.as_str(),
-            ])
-            .inc();
-    }
+    observe(ctx, &job, &result, started);
     tracing::debug!(
         status = result.status_code,
         success = result.success,
@@ -385,8 +374,10 @@ async fn refused(ctx: &Arc<Context>, claim: Claim) -> Outcome {
     }
 }
 
+/// Counts an attempt; the lag of a first attempt and the duration only of one that was sent.
 fn observe(ctx: &Context, job: &Job, result: &AttemptResult, started: OffsetDateTime) {
-    if job.number == 1 {
+    let sent = result.error != Some(AttemptError::NotSent);
+    if sent && job.number == 1 {
         let lag = (started - job.occurred_at).as_seconds_f64().max(0.0);
         ctx.metrics.lag.observe(lag);
     }
@@ -399,10 +390,12 @@ fn observe(ctx: &Context, job: &Job, result: &AttemptResult, started: OffsetDate
             job.trigger.as_str(),
         ])
         .inc();
-    ctx.metrics
-        .attempt_duration
-        .with_label_values(&[outcome])
-        .observe(f64::from(result.duration_ms) / 1000.0);
+    if sent {
+        ctx.metrics
+            .attempt_duration
+            .with_label_values(&[outcome])
+            .observe(f64::from(result.duration_ms) / 1000.0);
+    }
 }
 
 /// Makes the HTTP request and describes it as the attempt's result. Its span is the attempt's
