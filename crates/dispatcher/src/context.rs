@@ -23,23 +23,6 @@ use crate::metrics::DispatcherMetrics;
 use crate::slots::WebhookSlots;
 use tocsin_web::ssrf::TargetPolicy;
 
-/// Evaluates `$attempt` (a `Result<T, DbError>` expression) until it succeeds, waiting out
-/// transient database failures; evaluates to `Result<T, Outcome>`.
-macro_rules! retry_db {
-    ($ctx:expr, $attempt:expr) => {{
-        let mut backoff = std::time::Duration::from_millis(100);
-        loop {
-            let result = $attempt;
-            match $ctx.judge(result, &mut backoff).await {
-                Ok(value) => break Ok(value),
-                Err(Some(outcome)) => break Err(outcome),
-                Err(None) => continue,
-            }
-        }
-    }};
-}
-pub(crate) use retry_db;
-
 /// How much longer than its webhook's timeout an automatic attempt's lease lasts: time to
 /// record its outcome. An attempt whose dispatcher has not recorded it when its lease ends is
 /// recorded as interrupted by the sweeper.
@@ -118,10 +101,27 @@ impl Context {
         }
     }
 
-    /// Judges the result of a database operation run by [`retry_db!`]: a value, a permanent
-    /// failure (`Park`), a stop while waiting (`Requeue`), or `None` to try again after a
-    /// backoff (PostgreSQL restarting).
-    pub async fn judge<T>(
+    /// Runs a database operation until it succeeds, waiting out transient failures (PostgreSQL
+    /// restarting, a failover) with a backoff of 100 ms doubling to 5 s. A permanent failure is
+    /// the message's own: `Park`; a stop while waiting: `Requeue`.
+    pub async fn retry_db<T, F, Fut>(&self, mut operation: F) -> Result<T, Outcome>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, DbError>>,
+    {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.judge(operation().await, &mut backoff).await {
+                Ok(value) => return Ok(value),
+                Err(Some(outcome)) => return Err(outcome),
+                Err(None) => {}
+            }
+        }
+    }
+
+    /// Judges one try of [`Context::retry_db`]: a value, a permanent failure (`Park`), a stop
+    /// while waiting (`Requeue`), or `None` to try again after the backoff.
+    async fn judge<T>(
         &self,
         result: Result<T, DbError>,
         backoff: &mut Duration,

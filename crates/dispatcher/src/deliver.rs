@@ -24,7 +24,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tracing::field::Empty;
 use tracing::Instrument;
 
-use crate::context::{retry_db, Context, Outcome};
+use crate::context::{Context, Outcome};
 use crate::slots::Slot;
 use tocsin_web::ssrf::{Blocked, DnsFailure};
 
@@ -86,14 +86,12 @@ async fn due(
         Some(webhook_id) => webhook_id,
         None => {
             let id = message.delivery_id;
-            let loaded = retry_db!(
-                ctx,
-                async {
+            let loaded = ctx
+                .retry_db(|| async {
                     let mut conn = ctx.pool.get().await?;
                     deliveries::get(&mut conn, id).await
-                }
-                .await
-            );
+                })
+                .await;
             match loaded {
                 Ok(delivery) => delivery.webhook_id,
                 Err(Outcome::Park(reason)) => {
@@ -156,7 +154,7 @@ fn tell(claimed: Claimed) {
 
 #[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %due.delivery_id, webhook_id = %due.webhook_id))]
 async fn wait(ctx: &Arc<Context>, due: Due) -> Outcome {
-    match retry_db!(ctx, ctx.batched.wait(due).await) {
+    match ctx.retry_db(|| ctx.batched.wait(due)).await {
         Ok(true) => {
             ctx.metrics.waited.inc();
             tracing::debug!("webhook busy; delivery waiting");
@@ -180,7 +178,7 @@ async fn attempt(
     let Ok(request) = ctx.requests.clone().acquire_owned().await else {
         return Outcome::Requeue;
     };
-    let job = retry_db!(ctx, ctx.batched.claim(claim).await);
+    let job = ctx.retry_db(|| ctx.batched.claim(claim)).await;
     tell(claimed);
     let job = match job {
         Ok(Some(job)) => job,
@@ -274,7 +272,10 @@ async fn make(ctx: &Arc<Context>, job: Job, room: Room) -> Outcome {
         result,
         transition,
     };
-    let completed = match retry_db!(ctx, ctx.batched.complete(completion.clone()).await) {
+    let completed = match ctx
+        .retry_db(|| ctx.batched.complete(completion.clone()))
+        .await
+    {
         Ok(Some(completed)) => completed,
         // Recorded as interrupted meanwhile (this dispatcher outlived its lease).
         Ok(None) => return Outcome::Done,
@@ -356,7 +357,7 @@ async fn refused(ctx: &Arc<Context>, claim: Claim) -> Outcome {
         );
         return Outcome::Done;
     }
-    match retry_db!(ctx, ctx.batched.stop(claim.delivery_id).await) {
+    match ctx.retry_db(|| ctx.batched.stop(claim.delivery_id)).await {
         Ok(stopped) => {
             if stopped {
                 tracing::info!(

@@ -17,7 +17,7 @@ use tocsin_web::telemetry::RemoteParent;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
-use crate::context::{retry_db, Context, Outcome};
+use crate::context::{Context, Outcome};
 
 pub(crate) async fn handle_event(ctx: Arc<Context>, message: Delivery) {
     let outcome = match EventMessage::from_bytes(&message.data) {
@@ -57,10 +57,10 @@ async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) ->
         pending,
         waiting,
         disabled,
-    } = match retry_db!(
-        ctx,
-        ctx.batched.fan_out(request.clone(), room.clone()).await
-    ) {
+    } = match ctx
+        .retry_db(|| ctx.batched.fan_out(request.clone(), room.clone()))
+        .await
+    {
         Ok(fanned) => fanned,
         Err(outcome) => return outcome,
     };
