@@ -102,6 +102,27 @@ ensure_python_tools() {
   fi
 }
 
+# promtool, which deploy/ci/validate-manifests.sh runs on the alert rules, comes with Debian's
+# prometheus package. Installing it starts no Prometheus server: invoke-rc.d is told no for the
+# length of the install (where no policy-rc.d says so already) and the service is left disabled.
+ensure_promtool() {
+  if command -v promtool >/dev/null 2>&1; then return; fi
+  local policy=/usr/sbin/policy-rc.d added="" rc=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && added=1
+  fi
+  apt_install --no-install-recommends prometheus || rc=$?
+  if [ -n "$added" ]; then rm -f "$policy"; fi
+  if [ "$rc" -eq 0 ]; then
+    if command -v systemctl >/dev/null 2>&1; then
+      systemctl disable --quiet prometheus.service >/dev/null 2>&1 || true
+    elif command -v update-rc.d >/dev/null 2>&1; then
+      update-rc.d prometheus disable >/dev/null 2>&1 || true
+    fi
+  fi
+  command -v promtool >/dev/null 2>&1 || die "promtool is not installed (Debian package prometheus)"
+}
+
 ensure_nextest() {
   if ! cargo nextest --version >/dev/null 2>&1; then
     say "installing cargo-nextest"
