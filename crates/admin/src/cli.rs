@@ -204,6 +204,7 @@ pub async fn run(args: TokenArgs) -> anyhow::Result<()> {
             basic_auth,
             query_token,
             signing_secret,
+            sns_signature,
         } => {
             let new = NewToken {
                 name,
@@ -211,6 +212,7 @@ pub async fn run(args: TokenArgs) -> anyhow::Result<()> {
                 basic_auth,
                 query_token,
                 signing_secret,
+                sns_signature,
             };
             let checked = CheckedToken::check(new).map_err(|error| match error {
                 AdminError::Invalid { field, message } => {

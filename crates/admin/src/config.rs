@@ -335,6 +335,9 @@ pub enum TokenAction {
         /// The secret a `sentry` source signs its bodies with (its client secret).
         #[arg(long, env = "TOCSIN_TOKEN_SIGNING_SECRET", hide_env_values = true)]
         signing_secret: Option<String>,
+        /// Require SNS's signature of every message (a `cloudwatch` source only).
+        #[arg(long)]
+        sns_signature: bool,
     },
     /// List tokens, newest first (never their secrets).
     List,

@@ -8,7 +8,7 @@
 //! | `TOCSIN_INGEST_RATE_BURST` | `2000` | requests a token may send at once |
 //! | `TOCSIN_OUTBOX_POLL` | `1s` | fallback poll of the outbox relay |
 //! | `TOCSIN_HTTP_WORKERS` | CPU count | HTTP worker threads |
-//! | `TOCSIN_SNS_CONFIRM_HOSTS` | `sns.*.amazonaws.com,sns.*.amazonaws.com.cn` | hosts whose SNS `SubscribeURL` ingest fetches to confirm a subscription |
+//! | `TOCSIN_SNS_HOSTS` | `sns.*.amazonaws.com,sns.*.amazonaws.com.cn` | hosts whose SNS `SubscribeURL` (to confirm a subscription) and `SigningCertURL` (to check a signature) ingest fetches; `TOCSIN_SNS_CONFIRM_HOSTS`, its name before, is read when it is unset |
 //! | `TOCSIN_ALLOWED_TARGETS` | empty | CIDRs exempt from the SSRF rules for that request (as for webhook deliveries) |
 
 use std::time::Duration;
@@ -16,7 +16,7 @@ use std::time::Duration;
 use tocsin_web::config::{parse_duration_arg, CommonConfig};
 use tocsin_web::ssrf::TargetPolicy;
 
-use crate::sns::ConfirmHosts;
+use crate::sns::SnsHosts;
 
 /// `tocsin-ingest` settings.
 #[derive(Debug, Clone, clap::Parser)]
@@ -68,18 +68,41 @@ pub struct Config {
     #[arg(long, env = "TOCSIN_HTTP_WORKERS", value_name = "TOCSIN_HTTP_WORKERS")]
     pub workers: Option<usize>,
 
-    /// The `SubscribeURL`s an SNS subscription confirmation may make ingest fetch:
-    /// comma-separated host patterns (HTTPS, `*` for one DNS label) or exact origins
-    /// (`http://127.0.0.1:4566`); empty confirms nothing.
-    #[arg(long, env = "TOCSIN_SNS_CONFIRM_HOSTS", value_name = "TOCSIN_SNS_CONFIRM_HOSTS", default_value = "sns.*.amazonaws.com,sns.*.amazonaws.com.cn", value_parser = ConfirmHosts::parse)]
-    pub sns_confirm_hosts: ConfirmHosts,
+    /// The SNS URLs ingest may fetch (a confirmation's `SubscribeURL`, a message's
+    /// `SigningCertURL`): comma-separated host patterns (HTTPS, `*` for one DNS label) or exact
+    /// origins (`http://127.0.0.1:4566`); empty fetches nothing. Default
+    /// `sns.*.amazonaws.com,sns.*.amazonaws.com.cn`.
+    #[arg(long, env = "TOCSIN_SNS_HOSTS", value_name = "TOCSIN_SNS_HOSTS", value_parser = SnsHosts::parse)]
+    pub sns_hosts: Option<SnsHosts>,
 
     /// CIDRs exempt from the SSRF rules for the SNS confirmation request, comma-separated.
     #[arg(long, env = "TOCSIN_ALLOWED_TARGETS", value_name = "TOCSIN_ALLOWED_TARGETS", default_value = "", value_parser = TargetPolicy::parse)]
     pub allowed_targets: TargetPolicy,
 }
 
+/// The setting `TOCSIN_SNS_HOSTS` had before; read for one more release when the new one is
+/// unset (docs/configuration.md).
+const SNS_HOSTS_FORMERLY: &str = "TOCSIN_SNS_CONFIRM_HOSTS";
+
 impl Config {
+    /// `TOCSIN_SNS_HOSTS`; when it is unset, `TOCSIN_SNS_CONFIRM_HOSTS` (its former name), then
+    /// the default.
+    pub fn sns_hosts(&self) -> anyhow::Result<SnsHosts> {
+        if let Some(hosts) = &self.sns_hosts {
+            return Ok(hosts.clone());
+        }
+        match std::env::var(SNS_HOSTS_FORMERLY) {
+            Ok(text) => {
+                tracing::warn!(
+                    "{SNS_HOSTS_FORMERLY} is read as TOCSIN_SNS_HOSTS, its new name; the old name stops working in the next release"
+                );
+                SnsHosts::parse(&text)
+                    .map_err(|error| anyhow::anyhow!("{SNS_HOSTS_FORMERLY}: {error}"))
+            }
+            Err(_) => Ok(SnsHosts::parse(SnsHosts::DEFAULT).expect("the default parses")),
+        }
+    }
+
     /// Settings for a test or tool: the given database, broker and prefix, port 0.
     pub fn for_tests(common: CommonConfig) -> Self {
         Config {
@@ -90,7 +113,7 @@ impl Config {
             rate_burst: 0,
             outbox_poll: Duration::from_millis(500),
             workers: Some(1),
-            sns_confirm_hosts: ConfirmHosts::parse("").expect("an empty list"),
+            sns_hosts: Some(SnsHosts::parse("").expect("an empty list")),
             allowed_targets: TargetPolicy::default(),
         }
     }

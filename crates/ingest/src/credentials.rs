@@ -104,6 +104,7 @@ mod tests {
             basic_auth,
             query_token,
             signing_secret: None,
+            sns_signature: false,
         }
     }
 

@@ -13,5 +13,5 @@ mod sns;
 mod startup;
 
 pub use config::Config;
-pub use sns::ConfirmHosts;
+pub use sns::SnsHosts;
 pub use startup::{build, App};

@@ -27,7 +27,7 @@ use crate::batched::Batched;
 use crate::credentials::{self, QueryToken};
 use crate::metrics::IngestMetrics;
 use crate::rate_limit::RateLimiter;
-use crate::sns::{ConfirmError, Confirmer};
+use crate::sns::{ConfirmError, SignatureError, Sns};
 
 /// Seconds a sender should wait after a 503.
 const RETRY_AFTER_UNAVAILABLE: u64 = 5;
@@ -40,8 +40,8 @@ pub struct IngestState {
     pub limiter: RateLimiter,
     pub metrics: IngestMetrics,
     pub body_limit: usize,
-    /// Confirms SNS subscriptions, for permitted hosts only.
-    pub confirmer: Confirmer,
+    /// Confirms SNS subscriptions and checks SNS signatures, with permitted hosts only.
+    pub sns: Sns,
 }
 
 /// Why an alert request was refused.
@@ -67,6 +67,8 @@ pub enum IngestError {
     BoundElsewhere { bound: AlertFormat },
     #[error(transparent)]
     Confirm(#[from] ConfirmError),
+    #[error("{0}")]
+    SnsCertificate(String),
 }
 
 impl From<DbError> for IngestError {
@@ -93,6 +95,7 @@ impl IngestError {
             IngestError::BoundElsewhere { .. }
             | IngestError::Confirm(ConfirmError::NotPermitted) => "invalid",
             IngestError::Confirm(ConfirmError::Failed(_)) => "confirmation_failed",
+            IngestError::SnsCertificate(_) => "certificate_unavailable",
         }
     }
 }
@@ -148,6 +151,14 @@ impl From<IngestError> for ApiError {
                     StatusCode::BAD_GATEWAY,
                     "confirmation_failed",
                     format!("the subscription was not confirmed: {error}; SNS will send its confirmation again"),
+                )
+            }
+            IngestError::SnsCertificate(error) => {
+                tracing::warn!(%error, "an SNS message's signature could not be checked");
+                ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "certificate_unavailable",
+                    format!("the message's signature could not be checked: {error}; SNS will send it again"),
                 )
             }
         }
@@ -400,6 +411,17 @@ async fn handle(
     if !credentials::signed(&token, req, &body) {
         return Err(IngestError::Unauthorized);
     }
+    if token.sns_signature {
+        state.sns.verify(&body).await.map_err(|error| match error {
+            SignatureError::Refused(reason) => {
+                tracing::warn!(%reason, "an SNS message's signature was refused");
+                IngestError::Unauthorized
+            }
+            unavailable @ SignatureError::Unavailable(_) => {
+                IngestError::SnsCertificate(unavailable.to_string())
+            }
+        })?;
+    }
     let parsed = match call {
         Call::Alerts { .. } | Call::OpsgenieCreate => alerts::parse(&body, format)?,
         Call::OpsgenieAction {
@@ -452,7 +474,7 @@ async fn act_on(
             topic_arn,
             subscribe_url,
         } => {
-            state.confirmer.confirm(&subscribe_url).await?;
+            state.sns.confirm(&subscribe_url).await?;
             tracing::info!(topic_arn, "SNS subscription confirmed");
             (Some("subscription_confirmed"), None)
         }

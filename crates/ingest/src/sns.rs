@@ -1,24 +1,34 @@
-//! Amazon SNS subscription confirmation: SNS sends a new HTTP(S) subscriber a
-//! `SubscriptionConfirmation` whose `SubscribeURL` the subscriber must fetch. Ingest fetches it
-//! only when its host is one `TOCSIN_SNS_CONFIRM_HOSTS` permits, and through the SSRF rules of
-//! webhook deliveries (`TOCSIN_ALLOWED_TARGETS`): the address connected to must be public unless
-//! an allowlisted CIDR covers it; redirects are not followed.
+//! Amazon SNS: subscription confirmation and message signatures.
+//!
+//! SNS sends a new HTTP(S) subscriber a `SubscriptionConfirmation` whose `SubscribeURL` the
+//! subscriber must fetch, and signs every message with a certificate found at its
+//! `SigningCertURL`. Ingest fetches either URL only when its host is one `TOCSIN_SNS_HOSTS`
+//! permits, and through the SSRF rules of webhook deliveries (`TOCSIN_ALLOWED_TARGETS`): the
+//! address connected to must be public unless an allowlisted CIDR covers it; redirects are not
+//! followed. A token with `sns_signature` requires every message's signature to verify
+//! (<https://docs.aws.amazon.com/sns/latest/dg/sns-verify-signature-of-message.html>).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ring::signature::{self, UnparsedPublicKey};
+use serde_json::{Map, Value};
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
 use tocsin_web::ssrf::{GuardedResolver, TargetPolicy};
 use url::Url;
 
-/// How long the confirmation request may take.
-const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request to SNS (a confirmation, a certificate) may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The `SubscribeURL`s ingest may fetch: a comma-separated list whose entries are host
-/// patterns (`sns.*.amazonaws.com`: HTTPS on its default port, `*` standing for exactly one DNS
+/// The SNS URLs (`SubscribeURL`, `SigningCertURL`) ingest may fetch: a comma-separated list
+/// whose entries are host patterns (`sns.*.amazonaws.com`: HTTPS on its default port, `*` standing for exactly one DNS
 /// label) or origins (`http://127.0.0.1:4566`: that scheme, host and port exactly, for a local
-/// SNS emulator). Empty: no subscription is ever confirmed.
+/// SNS emulator). Empty: no subscription is ever confirmed and no signature verifies.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfirmHosts(Vec<HostRule>);
+pub struct SnsHosts(Vec<HostRule>);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum HostRule {
@@ -32,9 +42,9 @@ enum HostRule {
     },
 }
 
-impl ConfirmHosts {
+impl SnsHosts {
     /// Parses the setting.
-    pub fn parse(text: &str) -> Result<ConfirmHosts, String> {
+    pub fn parse(text: &str) -> Result<SnsHosts, String> {
         text.split(',')
             .map(str::trim)
             .filter(|entry| !entry.is_empty())
@@ -76,10 +86,13 @@ impl ConfirmHosts {
                 }
             })
             .collect::<Result<Vec<_>, _>>()
-            .map(ConfirmHosts)
+            .map(SnsHosts)
     }
 
-    /// Whether `url` may be fetched to confirm a subscription.
+    /// The setting's default: Amazon SNS's own hosts, in every region.
+    pub const DEFAULT: &'static str = "sns.*.amazonaws.com,sns.*.amazonaws.com.cn";
+
+    /// Whether `url` may be fetched.
     pub fn permits(&self, url: &Url) -> bool {
         let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
             return false;
@@ -111,34 +124,39 @@ impl ConfirmHosts {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfirmError {
     /// The URL is not one the setting permits (answered 422 naming `SubscribeURL`).
-    #[error("SubscribeURL: its host is not one TOCSIN_SNS_CONFIRM_HOSTS permits")]
+    #[error("SubscribeURL: its host is not one TOCSIN_SNS_HOSTS permits")]
     NotPermitted,
     /// The request failed or was refused (answered 502: SNS sends the confirmation again).
     #[error("the SubscribeURL could not be fetched: {0}")]
     Failed(String),
 }
 
-/// Fetches permitted `SubscribeURL`s through the SSRF rules.
+/// Talks to SNS: fetches permitted `SubscribeURL`s and signing certificates through the SSRF
+/// rules, and keeps the certificates' keys.
 #[derive(Clone)]
-pub struct Confirmer {
-    hosts: ConfirmHosts,
+pub struct Sns {
+    hosts: SnsHosts,
     policy: Arc<TargetPolicy>,
     client: reqwest::Client,
+    /// Public keys by certificate URL: SNS signs with few certificates and changes them
+    /// rarely. Emptied when full.
+    keys: Arc<Mutex<HashMap<String, Arc<Vec<u8>>>>>,
 }
 
-impl Confirmer {
-    pub fn new(hosts: ConfirmHosts, policy: TargetPolicy) -> anyhow::Result<Confirmer> {
+impl Sns {
+    pub fn new(hosts: SnsHosts, policy: TargetPolicy) -> anyhow::Result<Sns> {
         let policy = Arc::new(policy);
         let client = reqwest::Client::builder()
             .dns_resolver(Arc::new(GuardedResolver::new(policy.clone())))
             .redirect(reqwest::redirect::Policy::none())
-            .timeout(CONFIRM_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
             .user_agent(concat!("Tocsin/", env!("CARGO_PKG_VERSION")))
             .build()?;
-        Ok(Confirmer {
+        Ok(Sns {
             hosts,
             policy,
             client,
+            keys: Arc::default(),
         })
     }
 
@@ -149,8 +167,63 @@ impl Confirmer {
         if !self.hosts.permits(&url) {
             return Err(ConfirmError::NotPermitted);
         }
+        self.get(url).await.map(drop).map_err(ConfirmError::Failed)
+    }
+
+    /// Checks SNS's signature of `body`, a message as SNS posts it.
+    pub async fn verify(&self, body: &[u8]) -> Result<(), SignatureError> {
+        let message: Map<String, Value> = serde_json::from_slice(body)
+            .map_err(|_| SignatureError::Refused("the body is not an SNS message".into()))?;
+        let field = |name: &str| message.get(name).and_then(Value::as_str);
+        let algorithm: &'static dyn signature::VerificationAlgorithm =
+            match field("SignatureVersion") {
+                Some("1") => &signature::RSA_PKCS1_2048_8192_SHA1_FOR_LEGACY_USE_ONLY,
+                Some("2") => &signature::RSA_PKCS1_2048_8192_SHA256,
+                other => {
+                    return Err(SignatureError::Refused(format!(
+                        "SignatureVersion {other:?} is not 1 or 2"
+                    )))
+                }
+            };
+        let signed = string_to_sign(&message).map_err(SignatureError::Refused)?;
+        let signature_bytes = field("Signature")
+            .and_then(|text| STANDARD.decode(text).ok())
+            .ok_or_else(|| SignatureError::Refused("Signature is missing or not base64".into()))?;
+        let cert_url = field("SigningCertURL")
+            .ok_or_else(|| SignatureError::Refused("SigningCertURL is missing".into()))?;
+        let key = self.public_key(cert_url).await?;
+        UnparsedPublicKey::new(algorithm, key.as_slice())
+            .verify(&signed, &signature_bytes)
+            .map_err(|_| SignatureError::Refused("the signature does not verify".into()))
+    }
+
+    /// The public key of the certificate at `cert_url`, fetched once.
+    async fn public_key(&self, cert_url: &str) -> Result<Arc<Vec<u8>>, SignatureError> {
+        if let Some(key) = self.keys.lock().expect("keys lock").get(cert_url) {
+            return Ok(key.clone());
+        }
+        let url = Url::parse(cert_url)
+            .ok()
+            .filter(|url| self.hosts.permits(url))
+            .ok_or_else(|| {
+                SignatureError::Refused(
+                    "SigningCertURL: its host is not one TOCSIN_SNS_HOSTS permits".into(),
+                )
+            })?;
+        let pem = self.get(url).await.map_err(SignatureError::Unavailable)?;
+        let key = Arc::new(certificate_key(&pem).map_err(SignatureError::Refused)?);
+        let mut keys = self.keys.lock().expect("keys lock");
+        if keys.len() >= KEPT_KEYS {
+            keys.clear();
+        }
+        keys.insert(cert_url.to_owned(), key.clone());
+        Ok(key)
+    }
+
+    /// GETs a permitted URL, checking an address in it against the SSRF rules (the resolver
+    /// checks names); the body of a success. Errors name the host only.
+    async fn get(&self, url: Url) -> Result<Vec<u8>, String> {
         let host = url.host_str().unwrap_or_default().to_owned();
-        // The resolver sees host names only: an address in the URL is checked here.
         let literal = match url.host() {
             Some(url::Host::Ipv4(ip)) => Some(std::net::IpAddr::V4(ip)),
             Some(url::Host::Ipv6(ip)) => Some(std::net::IpAddr::V6(ip)),
@@ -158,24 +231,91 @@ impl Confirmer {
         };
         if let Some(ip) = literal {
             if !self.policy.allows(ip) {
-                return Err(ConfirmError::Failed(format!(
+                return Err(format!(
                     "{ip} is not allowed (private, loopback, link-local or reserved; see TOCSIN_ALLOWED_TARGETS)"
-                )));
+                ));
             }
         }
-        let response = self
-            .client
-            .get(url)
-            .send()
-            .await
-            .map_err(|error| ConfirmError::Failed(format!("{host}: {}", cause(&error))))?;
+        let failed = |error: reqwest::Error| format!("{host}: {}", cause(&error));
+        let response = self.client.get(url).send().await.map_err(failed)?;
         let status = response.status();
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(ConfirmError::Failed(format!("{host} answered {status}")))
+        if !status.is_success() {
+            return Err(format!("{host} answered {status}"));
+        }
+        let body = response.bytes().await.map_err(failed)?;
+        Ok(body.to_vec())
+    }
+}
+
+/// Certificates' keys kept at most.
+const KEPT_KEYS: usize = 64;
+
+/// Why a message's signature was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum SignatureError {
+    /// The message is not signed, not signed right, or not by a permitted certificate
+    /// (answered 401, as every refused credential).
+    #[error("{0}")]
+    Refused(String),
+    /// The certificate could not be fetched (answered 502: SNS sends the message again).
+    #[error("the signing certificate could not be fetched: {0}")]
+    Unavailable(String),
+}
+
+/// The text SNS signs: each field's name and value on lines of their own, in this order.
+fn string_to_sign(message: &Map<String, Value>) -> Result<Vec<u8>, String> {
+    let kind = message
+        .get("Type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let fields: &[&str] = match kind {
+        "Notification" => &[
+            "Message",
+            "MessageId",
+            "Subject",
+            "Timestamp",
+            "TopicArn",
+            "Type",
+        ],
+        "SubscriptionConfirmation" | "UnsubscribeConfirmation" => &[
+            "Message",
+            "MessageId",
+            "SubscribeURL",
+            "Timestamp",
+            "Token",
+            "TopicArn",
+            "Type",
+        ],
+        other => return Err(format!("Type {other:?} is not an SNS message type")),
+    };
+    let mut text = String::new();
+    for &name in fields {
+        match message.get(name) {
+            Some(Value::String(value)) => {
+                text.push_str(name);
+                text.push('\n');
+                text.push_str(value);
+                text.push('\n');
+            }
+            // A notification's subject is signed only when it has one.
+            None if name == "Subject" => {}
+            _ => return Err(format!("{name} is missing")),
         }
     }
+    Ok(text.into_bytes())
+}
+
+/// The RSA public key of a PEM certificate that is valid now.
+fn certificate_key(pem: &[u8]) -> Result<Vec<u8>, String> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem)
+        .map_err(|_| "the signing certificate is not PEM".to_owned())?;
+    let certificate = pem
+        .parse_x509()
+        .map_err(|_| "the signing certificate is not X.509".to_owned())?;
+    if !certificate.validity().is_valid() {
+        return Err("the signing certificate has expired or is not yet valid".into());
+    }
+    Ok(certificate.public_key().subject_public_key.data.to_vec())
 }
 
 /// The innermost cause of a request error, without the URL reqwest puts in its own message.
@@ -203,7 +343,7 @@ mod tests {
 
     #[test]
     fn the_default_permits_sns_hosts_over_https_only() {
-        let hosts = ConfirmHosts::parse("sns.*.amazonaws.com, sns.*.amazonaws.com.cn").unwrap();
+        let hosts = SnsHosts::parse("sns.*.amazonaws.com, sns.*.amazonaws.com.cn").unwrap();
         for ok in [
             "https://sns.eu-west-1.amazonaws.com/?Action=ConfirmSubscription&Token=x",
             "https://SNS.us-east-1.amazonaws.com:443/?Action=ConfirmSubscription",
@@ -227,13 +367,47 @@ mod tests {
 
     #[test]
     fn an_origin_permits_exactly_itself() {
-        let hosts = ConfirmHosts::parse("http://127.0.0.1:4566").unwrap();
+        let hosts = SnsHosts::parse("http://127.0.0.1:4566").unwrap();
         assert!(hosts.permits(&url("http://127.0.0.1:4566/?Action=ConfirmSubscription")));
         assert!(!hosts.permits(&url("http://127.0.0.1:4567/")));
         assert!(!hosts.permits(&url("https://127.0.0.1:4566/")));
-        assert!(!ConfirmHosts::parse("")
+        assert!(!SnsHosts::parse("")
             .unwrap()
             .permits(&url("https://sns.x.amazonaws.com/")));
+    }
+
+    #[test]
+    fn the_signed_text_is_the_types_fields_in_order() {
+        let message = |text: &str| serde_json::from_str::<Map<String, Value>>(text).unwrap();
+        let notification = message(
+            r#"{"Type":"Notification","MessageId":"m","TopicArn":"t","Subject":"s",
+                "Message":"{\"a\":1}","Timestamp":"ts","Signature":"x"}"#,
+        );
+        assert_eq!(
+            String::from_utf8(string_to_sign(&notification).unwrap()).unwrap(),
+            "Message\n{\"a\":1}\nMessageId\nm\nSubject\ns\nTimestamp\nts\nTopicArn\nt\nType\nNotification\n"
+        );
+        let no_subject = message(
+            r#"{"Type":"Notification","MessageId":"m","TopicArn":"t","Message":"x","Timestamp":"ts"}"#,
+        );
+        assert!(!String::from_utf8(string_to_sign(&no_subject).unwrap())
+            .unwrap()
+            .contains("Subject"));
+        let confirmation = message(
+            r#"{"Type":"SubscriptionConfirmation","MessageId":"m","TopicArn":"t","Message":"x",
+                "Timestamp":"ts","Token":"k","SubscribeURL":"u"}"#,
+        );
+        assert_eq!(
+            String::from_utf8(string_to_sign(&confirmation).unwrap()).unwrap(),
+            "Message\nx\nMessageId\nm\nSubscribeURL\nu\nTimestamp\nts\nToken\nk\nTopicArn\nt\nType\nSubscriptionConfirmation\n"
+        );
+        let mut no_token = confirmation.clone();
+        no_token.remove("Token");
+        assert_eq!(string_to_sign(&no_token).unwrap_err(), "Token is missing");
+        let mut number = notification.clone();
+        number.insert("MessageId".into(), Value::from(7));
+        assert_eq!(string_to_sign(&number).unwrap_err(), "MessageId is missing");
+        assert!(string_to_sign(&message(r#"{"Type":"Other"}"#)).is_err());
     }
 
     #[test]
@@ -247,7 +421,7 @@ mod tests {
             "http://u:p@x",
             "a_b.com",
         ] {
-            assert!(ConfirmHosts::parse(bad).is_err(), "{bad}");
+            assert!(SnsHosts::parse(bad).is_err(), "{bad}");
         }
     }
 
@@ -255,8 +429,8 @@ mod tests {
     async fn loopback_is_refused_unless_allowlisted() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let hosts = ConfirmHosts::parse(&format!("http://127.0.0.1:{port}")).unwrap();
-        let guarded = Confirmer::new(hosts.clone(), TargetPolicy::default()).unwrap();
+        let hosts = SnsHosts::parse(&format!("http://127.0.0.1:{port}")).unwrap();
+        let guarded = Sns::new(hosts.clone(), TargetPolicy::default()).unwrap();
         let refused = guarded
             .confirm(&format!("http://127.0.0.1:{port}/?Token=secret-token"))
             .await
@@ -270,8 +444,8 @@ mod tests {
             .unwrap_err();
         assert!(matches!(not_permitted, ConfirmError::NotPermitted));
         // A name that resolves to loopback is refused where it is resolved.
-        let hosts = ConfirmHosts::parse(&format!("http://localhost:{port}")).unwrap();
-        let guarded = Confirmer::new(hosts, TargetPolicy::default()).unwrap();
+        let hosts = SnsHosts::parse(&format!("http://localhost:{port}")).unwrap();
+        let guarded = Sns::new(hosts, TargetPolicy::default()).unwrap();
         let refused = guarded
             .confirm(&format!("http://localhost:{port}/?Token=secret-token"))
             .await

@@ -10,7 +10,7 @@ use crate::rate_limit::RateLimiter;
 use crate::routes::{
     opsgenie_acknowledge, opsgenie_close, opsgenie_create, receive_alerts, IngestState,
 };
-use crate::sns::Confirmer;
+use crate::sns::Sns;
 
 /// Opsgenie's `/v2/alerts` under the base URL Opsgenie-style senders are given
 /// (`.../api/v1/webhooks/alerts/opsgenie/`).
@@ -30,10 +30,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         limiter: RateLimiter::new(config.rate_limit, config.rate_burst),
         metrics: IngestMetrics::new(&foundation.registry)?,
         body_limit: config.body_limit,
-        confirmer: Confirmer::new(
-            config.sns_confirm_hosts.clone(),
-            config.allowed_targets.clone(),
-        )?,
+        sns: Sns::new(config.sns_hosts()?, config.allowed_targets.clone())?,
     });
 
     let listener = tocsin_web::service::bind(&config.addr, "TOCSIN_INGEST_ADDR")?;

@@ -140,6 +140,7 @@ diesel::table! {
         basic_auth -> Bool,
         query_token -> Bool,
         signing_secret -> Nullable<Text>,
+        sns_signature -> Bool,
     }
 }
 

@@ -34,6 +34,8 @@ pub struct InboundToken {
     pub query_token: bool,
     /// The secret bodies must be signed with (Sentry's client secret).
     pub signing_secret: Option<String>,
+    /// Bodies must carry SNS's signature (only for a token bound to `cloudwatch`).
+    pub sns_signature: bool,
 }
 
 impl fmt::Debug for InboundToken {
@@ -46,6 +48,7 @@ impl fmt::Debug for InboundToken {
             .field("basic_auth", &self.basic_auth)
             .field("query_token", &self.query_token)
             .field("signed", &self.signing_secret.is_some())
+            .field("sns_signature", &self.sns_signature)
             .field("revoked_at", &self.revoked_at)
             .finish_non_exhaustive()
     }
@@ -60,6 +63,8 @@ pub struct NewToken<'a> {
     pub query_token: bool,
     /// Only for a token bound to `sentry` (the database refuses it otherwise).
     pub signing_secret: Option<&'a SigningSecret>,
+    /// Only for a token bound to `cloudwatch` (the database refuses it otherwise).
+    pub sns_signature: bool,
 }
 
 impl<'a> NewToken<'a> {
@@ -71,6 +76,7 @@ impl<'a> NewToken<'a> {
             basic_auth: false,
             query_token: false,
             signing_secret: None,
+            sns_signature: false,
         }
     }
 }
@@ -85,6 +91,8 @@ pub struct LiveToken {
     pub query_token: bool,
     /// When set, a body must carry the source's signature made with it.
     pub signing_secret: Option<SigningSecret>,
+    /// A body must be an SNS message with a valid SNS signature.
+    pub sns_signature: bool,
 }
 
 impl fmt::Debug for LiveToken {
@@ -95,6 +103,7 @@ impl fmt::Debug for LiveToken {
             .field("basic_auth", &self.basic_auth)
             .field("query_token", &self.query_token)
             .field("signed", &self.signing_secret.is_some())
+            .field("sns_signature", &self.sns_signature)
             .finish()
     }
 }
@@ -119,6 +128,7 @@ impl TryFrom<&InboundToken> for LiveToken {
                 .map(SigningSecret::parse)
                 .transpose()
                 .map_err(|_| corrupt("signing secret"))?,
+            sns_signature: record.sns_signature,
         })
     }
 }
@@ -154,6 +164,7 @@ pub async fn issue(
             inbound_tokens::basic_auth.eq(new.basic_auth),
             inbound_tokens::query_token.eq(new.query_token),
             inbound_tokens::signing_secret.eq(new.signing_secret.map(SigningSecret::expose)),
+            inbound_tokens::sns_signature.eq(new.sns_signature),
         ))
         .returning(InboundToken::as_returning())
         .get_result(conn)

@@ -37,6 +37,7 @@ pub struct TokenValues {
     pub source: String,
     pub basic_auth: bool,
     pub query_token: bool,
+    pub sns_signature: bool,
 }
 
 /// `GET /settings/tokens`: the list and the form to issue one.
@@ -49,7 +50,7 @@ pub struct TokensPage {
     pub next_page: Option<String>,
     pub values: TokenValues,
     pub source_options: Vec<SelectOption>,
-    /// The refused field (`name`, `source`, `signing_secret`) and why.
+    /// The refused field (`name`, `source`, `signing_secret`, `sns_signature`) and why.
     pub error: Option<(String, String)>,
 }
 
@@ -64,6 +65,7 @@ pub struct TokenCreatedPage {
     pub basic_auth: bool,
     pub query_token: bool,
     pub signed: bool,
+    pub sns_signature: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -107,12 +109,14 @@ pub async fn create(
         basic_auth: form.get("basic_auth").is_some(),
         query_token: form.get("query_token").is_some(),
         signing_secret: optional("signing_secret"),
+        sns_signature: form.get("sns_signature").is_some(),
     };
     let values = TokenValues {
         name: new.name.clone(),
         source: new.source.clone().unwrap_or_default(),
         basic_auth: new.basic_auth,
         query_token: new.query_token,
+        sns_signature: new.sns_signature,
     };
     let checked = match CheckedToken::check(new) {
         Ok(checked) => checked,
@@ -143,6 +147,7 @@ pub async fn create(
             basic_auth: record.basic_auth,
             query_token: record.query_token,
             signed: record.signing_secret.is_some(),
+            sns_signature: record.sns_signature,
         },
     )
 }
@@ -178,6 +183,7 @@ async fn tokens_page(
                 (token.basic_auth, "basic auth"),
                 (token.query_token, "query token"),
                 (token.signing_secret.is_some(), "signature checked"),
+                (token.sns_signature, "SNS signature checked"),
             ]
             .into_iter()
             .filter_map(|(on, what)| on.then_some(what))

@@ -40,8 +40,11 @@ pub struct Token {
     pub basic_auth: bool,
     /// Accepts the token in the `token` query parameter.
     pub query_token: bool,
-    /// Bodies must carry the source's signature (a signing secret is set; it is never shown).
+    /// Bodies must carry the source's signature: Sentry's (a signing secret is set; it is never
+    /// shown) or SNS's (`sns_signature`).
     pub signed: bool,
+    /// Bodies must be SNS messages carrying SNS's valid signature.
+    pub sns_signature: bool,
 }
 
 impl From<repo::InboundToken> for Token {
@@ -56,7 +59,8 @@ impl From<repo::InboundToken> for Token {
             source: t.source,
             basic_auth: t.basic_auth,
             query_token: t.query_token,
-            signed: t.signing_secret.is_some(),
+            signed: t.signing_secret.is_some() || t.sns_signature,
+            sns_signature: t.sns_signature,
         }
     }
 }
@@ -107,6 +111,11 @@ pub struct NewToken {
     #[serde(default)]
     #[schema(min_length = 1, max_length = 255, write_only)]
     pub signing_secret: Option<String>,
+    /// Require SNS's own signature of every message; only with `source` `cloudwatch`. Ingest
+    /// checks it with the certificate at the message's `SigningCertURL`, fetched only from a
+    /// host `TOCSIN_SNS_HOSTS` permits. Default `false`.
+    #[serde(default)]
+    pub sns_signature: bool,
 }
 
 impl std::fmt::Debug for NewToken {
@@ -117,6 +126,7 @@ impl std::fmt::Debug for NewToken {
             .field("basic_auth", &self.basic_auth)
             .field("query_token", &self.query_token)
             .field("signing_secret", &self.signing_secret.as_ref().map(|_| "…"))
+            .field("sns_signature", &self.sns_signature)
             .finish()
     }
 }
@@ -128,6 +138,7 @@ pub struct CheckedToken {
     pub basic_auth: bool,
     pub query_token: bool,
     pub signing_secret: Option<SigningSecret>,
+    pub sns_signature: bool,
 }
 
 impl CheckedToken {
@@ -159,12 +170,19 @@ impl CheckedToken {
                 "only a token bound to source sentry checks a signature",
             ));
         }
+        if new.sns_signature && source != Some(AlertFormat::CloudWatch) {
+            return Err(AdminError::invalid(
+                "sns_signature",
+                "only a token bound to source cloudwatch checks SNS's signature",
+            ));
+        }
         Ok(CheckedToken {
             name,
             source,
             basic_auth: new.basic_auth,
             query_token: new.query_token,
             signing_secret,
+            sns_signature: new.sns_signature,
         })
     }
 
@@ -176,6 +194,7 @@ impl CheckedToken {
             basic_auth: self.basic_auth,
             query_token: self.query_token,
             signing_secret: self.signing_secret.as_ref(),
+            sns_signature: self.sns_signature,
         }
     }
 }
@@ -196,7 +215,7 @@ pub fn parse_name(raw: &str) -> Result<String, InvalidName> {
     responses(
         (status = 201, description = "Issued; `token` is shown this once", body = TokenCreated),
         schema::JsonBodyErrors,
-        (status = 422, description = "`name`, `source` or `signing_secret` is invalid; `field` names it", body = schema::ErrorBody),
+        (status = 422, description = "`name`, `source`, `signing_secret` or `sns_signature` is invalid; `field` names it", body = schema::ErrorBody),
     )
 )]
 #[tracing::instrument(skip_all)]

@@ -966,6 +966,7 @@ async fn the_tokens_page_issues_a_bound_token_once_and_revokes_it() {
                 ("name", "sns-prod"),
                 ("source", "cloudwatch"),
                 ("basic_auth", "on"),
+                ("sns_signature", "on"),
             ],
             None,
         )
@@ -981,6 +982,7 @@ async fn the_tokens_page_issues_a_bound_token_once_and_revokes_it() {
         .map(|rest| format!("tsn_{rest}"))
         .expect("the token, shown once");
     assert!(issued.body.contains("https://tocsin:&lt;token&gt;@"));
+    assert!(issued.body.contains("Amazon SNS's valid signature"));
     let presented = tocsin_domain::AccessToken::from_presented(&token).expect("a token");
     let mut conn = admin.conn().await;
     let live = tocsin_storage::tokens::authenticate_all(&mut conn, &[presented])
@@ -992,14 +994,15 @@ async fn the_tokens_page_issues_a_bound_token_once_and_revokes_it() {
         live.source,
         Some(tocsin_domain::alerts::AlertFormat::CloudWatch)
     );
-    assert!(live.basic_auth && !live.query_token);
+    assert!(live.basic_auth && !live.query_token && live.sns_signature);
 
     let page = admin.get("/settings/tokens", Some(&browser)).await;
     let table = &page.body[page.body.find("id=\"tokens\"").expect("the token table")..];
     assert!(
         table.contains("sns-prod")
             && table.contains("<code>cloudwatch</code>")
-            && table.contains("basic auth"),
+            && table.contains("basic auth")
+            && table.contains("SNS signature checked"),
         "{table}"
     );
     assert!(

@@ -9,7 +9,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 use tocsin_broker::messages::EventMessage;
 use tocsin_broker::Broker;
-use tocsin_ingest::{Config, ConfirmHosts};
+use tocsin_ingest::{Config, SnsHosts};
 use tocsin_storage::tokens;
 use tocsin_testkit::{amqp_url, wait_until, TestDb, TestPrefix};
 use tocsin_web::config::CommonConfig;
@@ -41,8 +41,8 @@ pub struct Options {
     pub amqp_url: Option<String>,
     pub body_limit: usize,
     pub rate_limit: u32,
-    /// `TOCSIN_SNS_CONFIRM_HOSTS` (default: none).
-    pub sns_confirm_hosts: String,
+    /// `TOCSIN_SNS_HOSTS` (default: none).
+    pub sns_hosts: String,
     /// `TOCSIN_ALLOWED_TARGETS` (default: none).
     pub allowed_targets: String,
 }
@@ -54,7 +54,7 @@ impl Default for Options {
             amqp_url: None,
             body_limit: 512 * 1024,
             rate_limit: 0,
-            sns_confirm_hosts: String::new(),
+            sns_hosts: String::new(),
             allowed_targets: String::new(),
         }
     }
@@ -78,7 +78,7 @@ impl TestIngest {
         config.body_limit = options.body_limit;
         config.rate_limit = options.rate_limit;
         config.rate_burst = options.rate_limit;
-        config.sns_confirm_hosts = ConfirmHosts::parse(&options.sns_confirm_hosts).unwrap();
+        config.sns_hosts = Some(SnsHosts::parse(&options.sns_hosts).unwrap());
         config.allowed_targets = TargetPolicy::parse(&options.allowed_targets).unwrap();
         let app = tocsin_ingest::build(config).await.expect("building ingest");
         let base = format!("http://127.0.0.1:{}", app.port());

@@ -10,7 +10,7 @@ use serde_json::Value;
 use tocsin_domain::alerts::AlertFormat;
 use tocsin_domain::SigningSecret;
 use tocsin_storage::tokens::{self, NewToken};
-use tocsin_testkit::Receiver;
+use tocsin_testkit::{RawBehavior, RawReceiver, Receiver};
 
 use crate::common::{fixture, Options, TestIngest, DEADLINE};
 
@@ -194,7 +194,7 @@ const SNS_HEADERS: [(&str, &str); 2] = [
 async fn an_sns_subscription_is_confirmed_only_for_permitted_hosts() {
     let sns = Receiver::start().await;
     let options = Options {
-        sns_confirm_hosts: format!("http://127.0.0.1:{}", sns.port()),
+        sns_hosts: format!("http://127.0.0.1:{}", sns.port()),
         allowed_targets: "127.0.0.0/8".into(),
         ..Options::default()
     };
@@ -288,7 +288,7 @@ async fn an_sns_subscription_is_confirmed_only_for_permitted_hosts() {
 async fn a_permitted_host_is_still_bound_by_the_ssrf_rules() {
     let sns = Receiver::start().await;
     let options = Options {
-        sns_confirm_hosts: format!("http://127.0.0.1:{}", sns.port()),
+        sns_hosts: format!("http://127.0.0.1:{}", sns.port()),
         // No CIDR allowlisted: loopback is refused where the request would connect.
         allowed_targets: String::new(),
         ..Options::default()
@@ -306,5 +306,205 @@ async fn a_permitted_host_is_still_bound_by_the_ssrf_rules() {
     let message = answer["error"]["message"].as_str().unwrap();
     assert!(message.contains("not allowed"), "{message}");
     assert_eq!(sns.count(), 0);
+    ingest.stop().await;
+}
+
+/// The throw-away signing key and certificates of `sns-signing/` (its README says how made).
+fn signing_file(name: &str) -> Vec<u8> {
+    std::fs::read(format!(
+        "{}/tests/ingest/sns-signing/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+/// `message` signed as SNS signs with `SignatureVersion` 2, naming `cert_url` as its
+/// certificate.
+fn sns_signed(mut message: Value, cert_url: &str) -> String {
+    let fields: &[&str] = if message["Type"] == "Notification" {
+        &[
+            "Message",
+            "MessageId",
+            "Subject",
+            "Timestamp",
+            "TopicArn",
+            "Type",
+        ]
+    } else {
+        &[
+            "Message",
+            "MessageId",
+            "SubscribeURL",
+            "Timestamp",
+            "Token",
+            "TopicArn",
+            "Type",
+        ]
+    };
+    let text: String = fields
+        .iter()
+        .filter_map(|name| {
+            message[*name]
+                .as_str()
+                .map(|value| format!("{name}\n{value}\n"))
+        })
+        .collect();
+    let key = ring::signature::RsaKeyPair::from_pkcs8(&signing_file("key.pk8")).unwrap();
+    let mut signature = vec![0; key.public().modulus_len()];
+    key.sign(
+        &ring::signature::RSA_PKCS1_SHA256,
+        &ring::rand::SystemRandom::new(),
+        text.as_bytes(),
+        &mut signature,
+    )
+    .unwrap();
+    message["SignatureVersion"] = Value::from("2");
+    message["Signature"] = Value::from(STANDARD.encode(signature));
+    message["SigningCertURL"] = Value::from(cert_url);
+    message.to_string()
+}
+
+#[tokio::test]
+async fn a_token_with_sns_signature_takes_only_messages_sns_signed() {
+    let certificate =
+        RawReceiver::start(RawBehavior::ok_with_body(&signing_file("certificate.pem"))).await;
+    let other = RawReceiver::start(RawBehavior::ok_with_body(&signing_file(
+        "other-certificate.pem",
+    )))
+    .await;
+    let down = RawReceiver::start(RawBehavior::answer("503 Service Unavailable", &[], b"")).await;
+    let options = Options {
+        sns_hosts: [&certificate, &other, &down]
+            .map(|receiver| receiver.url(""))
+            .join(","),
+        allowed_targets: "127.0.0.0/8".into(),
+        ..Options::default()
+    };
+    let ingest = TestIngest::start_with(options, tocsin_testkit::TestDb::new().await).await;
+    let token = ingest
+        .issue(NewToken {
+            source: Some(AlertFormat::CloudWatch),
+            basic_auth: true,
+            sns_signature: true,
+            ..NewToken::named("sns")
+        })
+        .await;
+    let auth = basic("sns", &token);
+    let mut notification = SNS_HEADERS;
+    notification[1].1 = "Notification";
+    let alarm: Value = serde_json::from_str(&fixture("cloudwatch-sns-alarm.json")).unwrap();
+    let cert_url = certificate.url("/SimpleNotificationService-test.pem");
+
+    // Signed with SignatureVersion 2 (SHA-256): opens the incident.
+    let (status, answer) = ingest
+        .post_raw(
+            "",
+            auth.clone(),
+            &notification,
+            &sns_signed(alarm.clone(), &cert_url),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    assert_eq!(answer["incidents"][0]["change"], "opened");
+
+    // Every way of not being signed by the certificate is refused, and changes nothing.
+    let mut tampered: Value = serde_json::from_str(&sns_signed(alarm.clone(), &cert_url)).unwrap();
+    tampered["Message"] = Value::from(
+        tampered["Message"]
+            .as_str()
+            .unwrap()
+            .replace("\"ALARM\"", "\"OK\""),
+    );
+    let mut unsigned = alarm.clone();
+    unsigned["SigningCertURL"] = Value::from(cert_url.clone());
+    let mut bad_version: Value =
+        serde_json::from_str(&sns_signed(alarm.clone(), &cert_url)).unwrap();
+    bad_version["SignatureVersion"] = Value::from("3");
+    let mut no_topic: Value = serde_json::from_str(&sns_signed(alarm.clone(), &cert_url)).unwrap();
+    no_topic.as_object_mut().unwrap().remove("TopicArn");
+    let refused = [
+        ("the message changed after signing", tampered.to_string()),
+        ("the fixture's made-up signature", unsigned.to_string()),
+        ("SignatureVersion 3", bad_version.to_string()),
+        ("no TopicArn", no_topic.to_string()),
+        (
+            "another certificate",
+            sns_signed(
+                alarm.clone(),
+                &other.url("/SimpleNotificationService-other.pem"),
+            ),
+        ),
+        (
+            "a certificate on a host not permitted",
+            sns_signed(
+                alarm.clone(),
+                "https://sns.eu-west-1.amazonaws.com.evil.example/SimpleNotificationService-x.pem",
+            ),
+        ),
+    ];
+    for (what, body) in refused {
+        let (status, _) = ingest
+            .post_raw("", auth.clone(), &notification, &body)
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{what}");
+    }
+    assert_eq!(ingest.count("incidents").await, 1);
+
+    // A certificate that cannot be fetched: 502, so that SNS sends the message again.
+    let (status, answer) = ingest
+        .post_raw(
+            "",
+            auth.clone(),
+            &notification,
+            &sns_signed(
+                alarm.clone(),
+                &down.url("/SimpleNotificationService-down.pem"),
+            ),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{answer}");
+    assert_eq!(answer["error"]["code"], "certificate_unavailable");
+
+    // SignatureVersion 1 (SHA-1), made with openssl: resolves the incident.
+    let mut ok: Value =
+        serde_json::from_slice(&signing_file("cloudwatch-sns-ok-signed-v1.json")).unwrap();
+    ok["SigningCertURL"] = Value::from(cert_url.clone());
+    let (status, answer) = ingest
+        .post_raw("", auth.clone(), &notification, &ok.to_string())
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    assert_eq!(answer["incidents"][0]["status"], "resolved", "{answer}");
+
+    // A signed subscription confirmation is confirmed (its SubscribeURL on a permitted host).
+    let mut confirmation: Value =
+        serde_json::from_str(&fixture("cloudwatch-sns-subscription-confirmation.json")).unwrap();
+    confirmation["SubscribeURL"] =
+        Value::from(certificate.url("/?Action=ConfirmSubscription&Token=2336412f37fb"));
+    let (status, answer) = ingest
+        .post_raw(
+            "",
+            auth.clone(),
+            &SNS_HEADERS,
+            &sns_signed(confirmation.clone(), &cert_url),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    assert_eq!(answer["notice"], "subscription_confirmed");
+    // Unsigned, it is refused before anything is fetched.
+    let before = certificate.count();
+    let (status, _) = ingest
+        .post_raw("", auth, &SNS_HEADERS, &confirmation.to_string())
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(certificate.count(), before);
+
+    // The certificate was fetched once and kept: the rest were the confirmation's GET.
+    let fetches = certificate
+        .requests()
+        .iter()
+        .filter(|request| request.request_line().contains(".pem"))
+        .count();
+    assert_eq!(fetches, 1);
+    assert_eq!(other.count(), 1);
     ingest.stop().await;
 }

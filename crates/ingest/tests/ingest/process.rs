@@ -85,6 +85,8 @@ async fn no_credential_reaches_the_log_or_the_metrics() {
             ("TOCSIN_AMQP_PREFIX", prefix.prefix.clone()),
             ("TOCSIN_INGEST_ADDR", format!("127.0.0.1:{port}")),
             ("TOCSIN_SHUTDOWN_TIMEOUT", "5s".into()),
+            // The setting's former name, still read for one release (the confirmation below
+            // fetches through it).
             (
                 "TOCSIN_SNS_CONFIRM_HOSTS",
                 format!("http://127.0.0.1:{}", sns.port()),

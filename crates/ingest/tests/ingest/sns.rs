@@ -3,8 +3,10 @@
 //! the token as basic-auth credentials in it, ingest confirms the subscription by fetching the
 //! `SubscribeURL` from moto (a permitted host, through the SSRF rules), and the alarm's `ALARM`
 //! and `OK` notifications, which moto posts as SNS does (`text/plain`, the URL's credentials),
-//! open and resolve one incident. The driver is `sns_emulator.py` beside this file; moto does
-//! not post the `SubscriptionConfirmation` AWS posts, so the driver posts it in AWS's format.
+//! open and resolve one incident. The token requires SNS's signature: every message is checked
+//! with the certificate moto serves. The driver is `sns_emulator.py` beside this file; moto does
+//! not post the `SubscriptionConfirmation` AWS posts, so the driver posts it in AWS's format,
+//! signed as moto signs (the driver's docstring lists where it makes moto behave as AWS does).
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -29,7 +31,7 @@ fn alarm_message(name: &str) -> String {
 async fn moto_sns_confirms_the_subscription_and_its_alarm_opens_and_resolves_one_incident() {
     let moto_port = free_port();
     let options = Options {
-        sns_confirm_hosts: format!("http://127.0.0.1:{moto_port}"),
+        sns_hosts: format!("http://127.0.0.1:{moto_port}"),
         allowed_targets: "127.0.0.0/8".into(),
         ..Options::default()
     };
@@ -38,6 +40,7 @@ async fn moto_sns_confirms_the_subscription_and_its_alarm_opens_and_resolves_one
     let new = NewToken {
         source: Some(AlertFormat::CloudWatch),
         basic_auth: true,
+        sns_signature: true,
         ..NewToken::named("sns")
     };
     let (_, token) = tokens::issue(&mut conn, &new).await.unwrap();

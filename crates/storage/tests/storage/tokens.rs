@@ -1,6 +1,6 @@
 //! Inbound tokens on the real database: a token's source and credential opt-ins are stored as
 //! issued and come back with its authentication; the database's list of source names is the
-//! domain's; a signing secret belongs to a Sentry token only.
+//! domain's; a signing secret belongs to a Sentry token only, SNS's signature to a CloudWatch one.
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use tocsin_domain::alerts::AlertFormat;
@@ -22,6 +22,7 @@ async fn a_tokens_source_and_opt_ins_come_back_with_its_authentication() {
             basic_auth: true,
             query_token: false,
             signing_secret: Some(&secret),
+            sns_signature: false,
         },
     )
     .await
@@ -46,9 +47,10 @@ async fn a_tokens_source_and_opt_ins_come_back_with_its_authentication() {
             plain.source,
             plain.basic_auth,
             plain.query_token,
-            plain.signing_secret
+            plain.signing_secret,
+            plain.sns_signature
         ),
-        (None, false, false, None)
+        (None, false, false, None, false)
     );
     assert!(live[2].is_none());
 
@@ -98,4 +100,35 @@ async fn only_a_sentry_token_keeps_a_signing_secret() {
             "{source:?} must not keep a secret"
         );
     }
+}
+
+#[tokio::test]
+async fn only_a_cloudwatch_token_requires_sns_signatures() {
+    let db = TestDb::new().await;
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    for source in [None, Some(AlertFormat::Sentry), Some(AlertFormat::Generic)] {
+        let new = NewToken {
+            source,
+            sns_signature: true,
+            ..NewToken::named("sns")
+        };
+        assert!(
+            tokens::issue(&mut conn, &new).await.is_err(),
+            "{source:?} must not require SNS signatures"
+        );
+    }
+    let (record, token) = tokens::issue(
+        &mut conn,
+        &NewToken {
+            source: Some(AlertFormat::CloudWatch),
+            basic_auth: true,
+            sns_signature: true,
+            ..NewToken::named("sns")
+        },
+    )
+    .await
+    .unwrap();
+    assert!(record.sns_signature);
+    let live = tokens::authenticate_all(&mut conn, &[token]).await.unwrap();
+    assert!(live[0].as_ref().expect("live").sns_signature);
 }

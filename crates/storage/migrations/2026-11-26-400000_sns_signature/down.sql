@@ -1,0 +1,1 @@
+ALTER TABLE inbound_tokens DROP COLUMN sns_signature;
