@@ -5,7 +5,7 @@
 # document also describes the ingest endpoint, which tocsin-ingest serves on its own address:
 # it is left out here (ingest has its own property tests over arbitrary bodies). Schemathesis
 # sends many wrong tokens from one address on purpose, so the per-address limit on failed
-# attempts is lifted for this run (crates/admin/tests/admin/admin.rs tests the limit itself).
+# attempts is lifted for this run (crates/admin/tests/admin/auth.rs tests the limit itself).
 #
 #   deploy/ci/schemathesis.sh            # as deploy/local/test runs it
 #   ST_MAX_EXAMPLES=200 deploy/ci/schemathesis.sh

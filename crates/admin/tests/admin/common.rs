@@ -1,7 +1,8 @@
 //! The set-up every module of this binary shares: an admin on port 0 with a database and an
 //! AMQP prefix of its own, a client that follows no redirect (the pages answer with them), and a
 //! clean stop. Each module wraps it in a `TestAdmin` of its own, which derefs to it, and adds
-//! the helpers it needs there (so that their names never collide across modules).
+//! the helpers it needs there (so that their names never collide across modules); the modules of
+//! the API share the one of `api`.
 
 use std::time::Duration;
 

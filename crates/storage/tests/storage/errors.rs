@@ -17,7 +17,7 @@ use tocsin_storage::{fan_out, run_batch, DbError};
 use tocsin_testkit::deliveries::{answered, claim_rules};
 use tocsin_testkit::TestDb;
 
-use crate::storage::{
+use crate::common::{
     claim_auto, completion, delivery_to, fan_out_request, open, signal, webhook_for_every_event,
     PENDING,
 };
@@ -109,7 +109,7 @@ async fn outages_and_lost_races_are_transient() {
     .await
     .unwrap();
     let sleeping = tokio::spawn(async move { error_of(&mut conn, "SELECT pg_sleep(30)").await });
-    tocsin_testkit::wait_until("the statement runs", crate::storage::DEADLINE, || async {
+    tocsin_testkit::wait_until("the statement runs", crate::common::DEADLINE, || async {
         db.count(&format!(
             "pg_stat_activity WHERE pid = {pid} AND query LIKE '%pg_sleep(30)%'"
         ))

@@ -14,7 +14,7 @@ use tocsin_storage::webhooks::{self, Webhook, WebhookChanges};
 use tocsin_testkit::deliveries::{answered, claim_rules};
 use tocsin_testkit::TestDb;
 
-use crate::storage::{
+use crate::common::{
     completion, deliveries_of, fan_out_request, open, signal, webhook_for_every_event, PENDING,
 };
 

@@ -22,7 +22,7 @@ use tocsin_testkit::deliveries::create_delivery;
 use tocsin_testkit::{amqp_url, wait_until, TcpProxy, TestDb, TestPrefix};
 use tokio_util::sync::CancellationToken;
 
-use crate::storage::signal;
+use crate::common::signal;
 
 const DEADLINE: Duration = Duration::from_secs(15);
 /// How long a reconnection after an outage may take.

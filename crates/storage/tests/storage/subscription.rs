@@ -20,7 +20,7 @@ use tocsin_testkit::deliveries::claim_rules;
 use tocsin_testkit::{wait_until, TestDb};
 use uuid::Uuid;
 
-use crate::storage::{
+use crate::common::{
     claim_auto, delivery_to, fan_out_request, open, signal, webhook_for_every_event, DEADLINE,
     PENDING,
 };
@@ -257,7 +257,7 @@ async fn filters_choose_the_webhooks_an_event_reaches() {
     }
     // A test event ignores filters.
     let excluded = ids[2];
-    let test = crate::storage::record_test_event(&mut conn, excluded).await;
+    let test = crate::common::record_test_event(&mut conn, excluded).await;
     let fanned = fan_out::fan_out(&mut conn, &[fan_out_request(&test, false)], &[], PENDING)
         .await
         .unwrap()
@@ -289,7 +289,7 @@ async fn deliveries_that_waited_while_disabled_are_recovered_since_a_time() {
     fan_out::fan_out(&mut conn, &[fan_out_request(&after, false)], &[], PENDING)
         .await
         .unwrap();
-    let waiting = crate::storage::deliveries_of(&mut conn, webhook.id).await;
+    let waiting = crate::common::deliveries_of(&mut conn, webhook.id).await;
     assert_eq!(waiting.len(), 2);
     assert!(waiting
         .iter()
@@ -384,7 +384,7 @@ async fn a_fan_out_meeting_an_enabling_waits_for_it_and_sees_it() {
     enabling.batch_execute("COMMIT").await.unwrap();
     let fanned = fan_out.await.unwrap();
     assert_eq!((fanned[0].disabled, fanned[0].pending.len()), (0, 1));
-    let delivery = &crate::storage::deliveries_of(&mut conn, webhook.id).await[0];
+    let delivery = &crate::common::deliveries_of(&mut conn, webhook.id).await[0];
     assert_eq!(
         (delivery.state, delivery.wait_reason),
         (DeliveryState::Pending, None)
@@ -500,7 +500,7 @@ async fn a_rate_limited_webhooks_claims_share_one_budget() {
         "{before} {due:?}"
     );
     // A manual attempt is an operator's: it spends no budget.
-    crate::storage::request_manual(&mut conn, &[ids[5]]).await;
+    crate::common::request_manual(&mut conn, &[ids[5]]).await;
     let manual = attempts::claim(
         &mut conn,
         &[Claim {

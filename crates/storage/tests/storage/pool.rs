@@ -1,0 +1,62 @@
+//! The pool and ping: pooled connections' session settings, an unreachable database, and a
+//! multi-host database URL that skips an unreachable host.
+
+use std::time::Duration;
+
+use diesel_async::RunQueryDsl;
+use tocsin_testkit::TestDb;
+
+/// The pool's connections plan as `tocsin_storage::SESSION_SETTINGS` says: without `jit = off`, a query
+/// costed high under `enable_seqscan = off` was compiled with LLVM on every call
+/// (docs/performance.md).
+#[tokio::test]
+async fn pooled_connections_plan_once_with_index_scans_and_no_jit() {
+    use diesel::sql_types::Text;
+    let db = TestDb::new().await;
+    let mut conn = db.pool().get().await.unwrap();
+    for (setting, expected) in [
+        ("plan_cache_mode", "force_generic_plan"),
+        ("enable_seqscan", "off"),
+        ("jit", "off"),
+    ] {
+        let value: String = diesel::select(diesel::dsl::sql::<Text>(&format!(
+            "current_setting('{setting}')"
+        )))
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(value, expected, "{setting}");
+    }
+}
+
+#[tokio::test]
+async fn ping_reports_an_unreachable_database() {
+    let pool = tocsin_storage::pool("postgres://postgres@127.0.0.1:1/none", 1).unwrap();
+    let error = tocsin_storage::ping(&pool, Duration::from_secs(2))
+        .await
+        .unwrap_err();
+    assert!(error.is_transient(), "{error}");
+}
+
+#[tokio::test]
+async fn a_multi_host_database_url_skips_an_unreachable_host() {
+    let db = TestDb::new().await;
+    let url = db.multi_host_url("127.0.0.1:1");
+    assert!(url.contains("127.0.0.1:1,"), "{url}");
+    assert_eq!(
+        tocsin_storage::migrate(&url).await.unwrap(),
+        0,
+        "already migrated"
+    );
+    let pool = tocsin_storage::pool(&url, 2).unwrap();
+    tocsin_storage::ping(&pool, Duration::from_secs(5))
+        .await
+        .unwrap();
+    // Only unreachable hosts: unavailable, as with one.
+    let nowhere =
+        tocsin_storage::pool("postgres://postgres@127.0.0.1:1,127.0.0.1:2/none", 1).unwrap();
+    let error = tocsin_storage::ping(&nowhere, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(error.is_transient(), "{error}");
+}
