@@ -3,6 +3,7 @@
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use time::OffsetDateTime;
+use tocsin_domain::delivery::rules::{self, Act};
 use tocsin_domain::delivery::Trigger;
 use tocsin_domain::{
     EventKind, EventPayload, IncidentData, IncidentStatus, RetrySettings, Severity,
@@ -74,7 +75,8 @@ pub async fn record_test_event(
     Ok(event)
 }
 
-/// Enqueues one immediate manual attempt of a delivery, unless it succeeded already (`Ok(None)`)
+/// Enqueues one immediate manual attempt of a delivery, unless the rules refuse one in its state
+/// (it succeeded already: `Ok(None)`)
 /// or `refusal` refuses its webhook, whose row is locked first (`FOR SHARE`): a disabling or
 /// deletion under way is waited for and seen, and one that comes later waits until this has
 /// committed.
@@ -85,7 +87,7 @@ pub async fn retry<E: Send>(
 ) -> Result<Result<Option<deliveries::Delivery>, E>, DbError> {
     conn.transaction::<_, DbError, _>(async |conn| {
         let delivery = deliveries::get(conn, delivery_id).await?;
-        if delivery.state == deliveries::DeliveryState::Succeeded {
+        if !rules::allows_in_state(Act::RequestManual, delivery.state) {
             return Ok(Ok(None));
         }
         let webhook = webhooks::get_any_for_share(conn, delivery.webhook_id).await?;

@@ -1,27 +1,10 @@
-//! A delivery's state machine: the states a delivery of one event to one webhook can be in, who
-//! may move it, and where an attempt's outcome takes it. Every writer (the automatic attempt,
-//! the manual attempt, the waiting pass, the sweeper, stopping a webhook) moves deliveries only
-//! through the transitions defined here; the repository turns each into one guarded SQL update
-//! (compare-and-set on the state and the automatic attempt count).
-//!
-//! ```text
-//!            created
-//!               |
-//!               v         no free slot          slot free
-//!           pending  ------------------> waiting ----------+
-//!               |                          ^               |
-//!   attempt n   |  (claimed before its     | no free slot  |
-//!   claimed     v   request is sent)       |               |
-//!        [attempt in flight] <---------- retrying <--------+
-//!          |        |      \                  ^
-//!     2xx  |   fail, n < max \ fail, n = max  |
-//!          v        +---------|---------------+
-//!     succeeded               v
-//!                           failed
-//! ```
-//!
-//! A manual attempt is claimed and logged the same way but never moves the automatic schedule:
-//! it does not count as an automatic attempt, and its failure leaves the state as it was.
+//! A delivery's states and the names of what happens to it: the states a delivery of one event
+//! to one webhook can be in, why it waits, who asked for an attempt, how an attempt failed, and
+//! where a finished attempt takes it ([`Transition`]). Which act may move a delivery in which
+//! standing, and where, is one table: [`rules`]. The repository carries out each act as one
+//! guarded SQL statement, and a test holds every guard to the table.
+
+pub mod rules;
 
 use std::fmt;
 use std::str::FromStr;

@@ -14,6 +14,7 @@ mod ordering;
 mod pool;
 mod relay;
 mod retention;
+mod rules;
 mod stopping;
 mod subscription;
 mod sweeper;
