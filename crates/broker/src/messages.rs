@@ -3,13 +3,42 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use tocsin_domain::delivery::Trigger;
 use tocsin_domain::EventKind;
 
-/// Header with the number of the automatic attempt a delivery message asks for (1-based).
-pub const ATTEMPT_HEADER: &str = "tocsin-attempt";
+/// Header of a delivery message asking for an automatic attempt: the automatic attempts its
+/// sender saw made of the delivery. The claim admits the attempt only while the delivery still
+/// has that count, so a late or duplicate message claims nothing.
+pub const AUTO_ATTEMPTS_HEADER: &str = "tocsin-auto-attempts";
+/// The header's name before `tocsin-auto-attempts`, which carried the count plus one. For one
+/// more release it is read, for messages sent before an upgrade, and written beside the new
+/// one, for dispatchers of the previous release running beside these during a rolling upgrade
+/// (docs/operations.md, "Names changed").
+pub const FORMER_ATTEMPT_HEADER: &str = "tocsin-attempt";
 /// Header saying who asked for the attempt, a [`tocsin_domain::delivery::Trigger`] as text:
 /// `automatic` (the default) or `manual`.
 pub const TRIGGER_HEADER: &str = "tocsin-trigger";
+
+/// The headers of a message asking for an attempt of a delivery: who asked, and for an
+/// automatic attempt the automatic attempts its sender saw made. Every sender builds them
+/// here: the dispatcher's next attempts, and the outbox's recoveries and manual attempts.
+pub fn attempt_headers(trigger: Trigger, auto_attempts: Option<i32>) -> serde_json::Value {
+    let mut headers = serde_json::Map::new();
+    headers.insert(TRIGGER_HEADER.into(), trigger.as_str().into());
+    if let Some(count) = auto_attempts {
+        headers.insert(AUTO_ATTEMPTS_HEADER.into(), count.into());
+        headers.insert(FORMER_ATTEMPT_HEADER.into(), (count + 1).into());
+    }
+    serde_json::Value::Object(headers)
+}
+
+/// The automatic attempts a delivery message's sender saw made, from its headers (`None`:
+/// neither header).
+pub fn auto_attempts_of(properties: &lapin::BasicProperties) -> Option<i32> {
+    let count = crate::header_int(properties, AUTO_ATTEMPTS_HEADER)
+        .or_else(|| crate::header_int(properties, FORMER_ATTEMPT_HEADER).map(|n| n - 1))?;
+    i32::try_from(count).ok()
+}
 /// Header explaining why a message was parked.
 pub const PARKED_REASON_HEADER: &str = "tocsin-parked-reason";
 
@@ -73,5 +102,27 @@ mod tests {
             delivery
         );
         assert!(DeliveryMessage::from_bytes(b"{}").is_err());
+    }
+
+    #[test]
+    fn attempt_headers_carry_the_count_and_the_former_header_is_read() {
+        assert_eq!(
+            attempt_headers(Trigger::Automatic, Some(2)),
+            serde_json::json!({"tocsin-trigger": "automatic", "tocsin-auto-attempts": 2,
+                               "tocsin-attempt": 3})
+        );
+        assert_eq!(
+            attempt_headers(Trigger::Manual, None),
+            serde_json::json!({"tocsin-trigger": "manual"})
+        );
+        let with = |headers: serde_json::Value| {
+            lapin::BasicProperties::default().with_headers(crate::headers_from_json(&headers))
+        };
+        let sent = with(attempt_headers(Trigger::Automatic, Some(2)));
+        assert_eq!(auto_attempts_of(&sent), Some(2));
+        // A message of the release before: automatic attempt number 3 is the count 2.
+        let former = with(serde_json::json!({"tocsin-attempt": 3}));
+        assert_eq!(auto_attempts_of(&former), Some(2));
+        assert_eq!(auto_attempts_of(&with(serde_json::json!({}))), None);
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions};
-use tocsin_broker::messages::{DeliveryMessage, ATTEMPT_HEADER};
+use tocsin_broker::messages::{DeliveryMessage, AUTO_ATTEMPTS_HEADER};
 use tocsin_broker::topology::DELIVERY_ROUTING_KEY;
 use tocsin_broker::{
     header_int, header_str, run_consumer, Broker, ConsumerOptions, Outgoing, QueueType, Topology,
@@ -94,7 +94,7 @@ async fn a_retry_queue_dead_letters_back_to_the_delivery_queue_with_headers_inta
     let topology = broker.topology().clone();
     let mut headers = lapin::types::FieldTable::default();
     headers.insert(
-        ATTEMPT_HEADER.into(),
+        AUTO_ATTEMPTS_HEADER.into(),
         lapin::types::AMQPValue::LongLongInt(2),
     );
     let sent = Instant::now();
@@ -117,7 +117,7 @@ async fn a_retry_queue_dead_letters_back_to_the_delivery_queue_with_headers_inta
         sent.elapsed() >= Duration::from_millis(300),
         "held for its TTL"
     );
-    assert_eq!(header_int(&back.properties, ATTEMPT_HEADER), Some(2));
+    assert_eq!(header_int(&back.properties, AUTO_ATTEMPTS_HEADER), Some(2));
 }
 
 #[tokio::test]
@@ -278,7 +278,7 @@ async fn parked_messages_are_listed_in_place_and_replayed_to_their_work_queues()
         webhook_id: None,
     };
     let mut delivery_headers = tocsin_broker::headers_from_json(&serde_json::json!({
-        ATTEMPT_HEADER: 2,
+        AUTO_ATTEMPTS_HEADER: 2,
         TRIGGER_HEADER: "manual",
         PARKED_REASON_HEADER: "not found in the database",
     }));
@@ -335,7 +335,7 @@ async fn parked_messages_are_listed_in_place_and_replayed_to_their_work_queues()
         delivery
     );
     let properties = &attempts[0].properties;
-    assert_eq!(header_int(properties, ATTEMPT_HEADER), Some(2));
+    assert_eq!(header_int(properties, AUTO_ATTEMPTS_HEADER), Some(2));
     assert_eq!(
         header_str(properties, TRIGGER_HEADER).as_deref(),
         Some("manual")

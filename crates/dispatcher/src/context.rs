@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
-use lapin::types::{AMQPValue, FieldTable, ShortString};
-use tocsin_broker::messages::{DeliveryMessage, ATTEMPT_HEADER, PARKED_REASON_HEADER};
+use lapin::types::ShortString;
+use tocsin_broker::messages::{attempt_headers, DeliveryMessage, PARKED_REASON_HEADER};
 use tocsin_broker::topology::DELIVERY_ROUTING_KEY;
-use tocsin_broker::{string_header, Broker, Outgoing};
+use tocsin_broker::{headers_from_json, string_header, Broker, Outgoing};
 use tocsin_domain::delivery::Trigger;
 use tocsin_domain::RetrySchedule;
 use tocsin_storage::deliveries::Due;
@@ -64,7 +64,7 @@ pub(crate) struct Context {
 }
 
 impl Context {
-    /// A message asking for automatic attempt `attempt` of a delivery, through the retry queue
+    /// A message asking for the next automatic attempt of a delivery, through the retry queue
     /// of `delay` (or the delivery queue at once for a zero delay). When traces are exported,
     /// it carries the current span's trace context: the attempt it asks for joins the trace.
     pub fn attempt_message(&self, due: &Due, delay: Duration) -> Outgoing {
@@ -77,15 +77,10 @@ impl Context {
         } else {
             (String::new(), topology.retry_queue(delay))
         };
-        let mut headers = FieldTable::default();
-        headers.insert(
-            ATTEMPT_HEADER.into(),
-            AMQPValue::LongLongInt(i64::from(due.auto_attempts + 1)),
-        );
-        headers.insert(
-            tocsin_broker::messages::TRIGGER_HEADER.into(),
-            string_header(Trigger::Automatic.as_str()),
-        );
+        let mut headers = headers_from_json(&attempt_headers(
+            Trigger::Automatic,
+            Some(due.auto_attempts),
+        ));
         tocsin_web::telemetry::inject_current(|name, value| {
             headers.insert(name.into(), string_header(&value));
         });

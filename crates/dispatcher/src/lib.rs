@@ -3,15 +3,16 @@
 //! five-step schedule through RabbitMQ's per-delay retry queues. Any number of dispatchers share
 //! the queues.
 
+mod attempt;
 mod batched;
 mod config;
 mod context;
-mod deliver;
-mod fanout;
+mod fan_out;
 mod gauges;
 mod health;
 mod metrics;
 mod replays;
+mod request;
 mod slots;
 mod startup;
 mod sweeper;

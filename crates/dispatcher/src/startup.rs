@@ -160,13 +160,13 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         &mut background,
         FANOUT,
         (topology.fanout_queue(), config.fanout_prefetch),
-        crate::fanout::handle_event,
+        crate::fan_out::handle_event,
     );
     consumers.start(
         &mut background,
         DELIVERIES,
         (topology.delivery_queue(), config.concurrency),
-        crate::deliver::handle_delivery,
+        crate::attempt::handle_delivery,
     );
     background.spawn(
         "gauges",

@@ -21,7 +21,7 @@ use crate::context::{Context, LEASE_MARGIN};
 /// Most deliveries claimed and enqueued per statement.
 const BATCH: i64 = 500;
 /// A manual attempt (which takes no lease) takes at most the longest webhook timeout; one
-/// still unrecorded that long plus the lease margin after it started was interrupted.
+/// without an outcome that long plus the lease margin after it started was interrupted.
 const LONGEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(crate) async fn run(
@@ -97,13 +97,13 @@ pub(crate) async fn sweep_once(ctx: &Context, grace: Duration) -> anyhow::Result
     Ok((interrupted, overdue))
 }
 
-/// Records unrecorded attempts of stopped dispatchers as interrupted, each moving its delivery
+/// Records the attempts of stopped dispatchers as interrupted, each moving its delivery
 /// as a failed attempt does: a delivery moved to `retrying` gets its next attempt through the
 /// retry queue of its delay, as after any failed attempt.
 #[tracing::instrument(skip_all)]
 async fn record_interrupted(ctx: &Context) -> anyhow::Result<usize> {
     let mut conn = ctx.pool.get().await.map_err(DbError::from)?;
-    let found = deliveries::unrecorded(
+    let found = deliveries::interrupted(
         &mut conn,
         Duration::ZERO,
         LONGEST_TIMEOUT + LEASE_MARGIN,
@@ -114,7 +114,7 @@ async fn record_interrupted(ctx: &Context) -> anyhow::Result<usize> {
     let mut recorded = 0;
     for attempt in found {
         let trigger = attempt.trigger();
-        let auto_number = (trigger == Trigger::Automatic).then_some(attempt.auto_attempts);
+        let auto_attempts = (trigger == Trigger::Automatic).then_some(attempt.auto_attempts);
         let transition = Transition::after_attempt(
             trigger,
             attempt.auto_attempts,
@@ -125,7 +125,7 @@ async fn record_interrupted(ctx: &Context) -> anyhow::Result<usize> {
         let completion = Completion {
             delivery_id: attempt.delivery_id,
             number: attempt.number,
-            auto_number,
+            auto_attempts,
             result: AttemptResult::interrupted(),
             transition,
         };

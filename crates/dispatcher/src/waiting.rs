@@ -46,7 +46,7 @@ pub(crate) async fn take_once(ctx: &Arc<Context>) -> anyhow::Result<usize> {
     drop(conn);
     for due in &taken {
         // Nobody waits for the claim: the delivery stays `waiting` until it is made.
-        drop(crate::deliver::start(ctx, *due));
+        drop(crate::attempt::spawn(ctx, *due));
     }
     Ok(taken.len())
 }

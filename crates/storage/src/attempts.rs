@@ -29,7 +29,7 @@ pub struct Claim {
     pub trigger: Trigger,
     /// For an automatic attempt: the automatic attempts the caller saw made (the attempt
     /// claimed is the next one).
-    pub expected_auto_attempts: i32,
+    pub auto_attempts: i32,
 }
 
 /// Limits every claim applies.
@@ -126,7 +126,7 @@ async fn claim_round(
 ) -> Result<Vec<Option<Job>>, DbError> {
     let ids: Vec<Uuid> = round.iter().map(|c| c.delivery_id).collect();
     let triggers: Vec<&str> = round.iter().map(|c| c.trigger.as_str()).collect();
-    let expected: Vec<i32> = round.iter().map(|c| c.expected_auto_attempts).collect();
+    let expected: Vec<i32> = round.iter().map(|c| c.auto_attempts).collect();
     let claimed: Vec<JobRow> = Statement::new(include_str!("sql/claim.sql"))
         .bind::<Array<SqlUuid>, _>(&ids)
         .bind::<Array<Text>, _>(&triggers)
@@ -201,8 +201,9 @@ pub struct Completion {
     pub delivery_id: Uuid,
     /// The attempt's number in the attempt log.
     pub number: i32,
-    /// For an automatic attempt, its automatic number.
-    pub auto_number: Option<i32>,
+    /// For an automatic attempt, the delivery's automatic attempts with it made (its claim's
+    /// count): the outcome moves the delivery only while that is still the count.
+    pub auto_attempts: Option<i32>,
     pub result: AttemptResult,
     pub transition: Transition,
 }
@@ -259,7 +260,7 @@ async fn complete_round(
 ) -> Result<Vec<Option<Completed>>, DbError> {
     let ids: Vec<Uuid> = round.iter().map(|c| c.delivery_id).collect();
     let numbers: Vec<i32> = round.iter().map(|c| c.number).collect();
-    let auto_numbers: Vec<Option<i32>> = round.iter().map(|c| c.auto_number).collect();
+    let auto_attempts: Vec<Option<i32>> = round.iter().map(|c| c.auto_attempts).collect();
     let to_states: Vec<Option<&str>> = round
         .iter()
         .map(|c| c.transition.state().map(DeliveryState::as_str))
@@ -289,7 +290,7 @@ async fn complete_round(
     let rows: Vec<CompletedRow> = Statement::new(include_str!("sql/complete.sql"))
         .bind::<Array<SqlUuid>, _>(&ids)
         .bind::<Array<Int4>, _>(&numbers)
-        .bind::<Array<Nullable<Int4>>, _>(&auto_numbers)
+        .bind::<Array<Nullable<Int4>>, _>(&auto_attempts)
         .bind::<Array<Nullable<Text>>, _>(&to_states)
         .bind::<Array<Int8>, _>(&delays)
         .bind::<Array<Bool>, _>(&success)

@@ -36,6 +36,7 @@ pub(crate) struct DeliveryRow {
     pub(crate) attempt_count: i32,
     pub(crate) auto_attempts: i32,
     pub(crate) next_attempt_at: Option<OffsetDateTime>,
+    pub(crate) attempting_until: Option<OffsetDateTime>,
     pub(crate) created_at: OffsetDateTime,
     pub(crate) updated_at: OffsetDateTime,
     pub(crate) replayed: bool,
@@ -54,7 +55,11 @@ pub struct Delivery {
     pub wait_reason: Option<WaitReason>,
     pub attempt_count: i32,
     pub auto_attempts: i32,
+    /// When the next automatic attempt is due; `None` while one is under way and when none is
+    /// scheduled.
     pub next_attempt_at: Option<OffsetDateTime>,
+    /// While an automatic attempt is under way, when its lease ends.
+    pub attempting_until: Option<OffsetDateTime>,
     pub created_at: OffsetDateTime,
     pub updated_at: OffsetDateTime,
     /// Made by a replay of past events to its webhook, not by the event's fan-out.
@@ -86,6 +91,7 @@ impl TryFrom<DeliveryRow> for Delivery {
             attempt_count: row.attempt_count,
             auto_attempts: row.auto_attempts,
             next_attempt_at: row.next_attempt_at,
+            attempting_until: row.attempting_until,
             created_at: row.created_at,
             updated_at: row.updated_at,
             replayed: row.replayed,
@@ -123,21 +129,15 @@ pub async fn wait(
 ) -> Result<Vec<bool>, DbError> {
     let ids: Vec<Uuid> = due.iter().map(|d| d.delivery_id).collect();
     let expected: Vec<i32> = due.iter().map(|d| d.auto_attempts).collect();
-    let moved: Vec<Uuid> = Statement::new(
-        "UPDATE deliveries d SET state = 'waiting', wait_reason = $3, updated_at = now()
-FROM unnest($1::uuid[], $2::int4[]) AS v(id, expected)
-WHERE d.id = v.id AND d.state IN ('pending', 'retrying')
-    AND d.auto_attempts = v.expected AND d.attempting_until IS NULL
-RETURNING d.id",
-    )
-    .bind::<Array<SqlUuid>, _>(&ids)
-    .bind::<Array<Int4>, _>(&expected)
-    .bind::<Text, _>(reason.as_str())
-    .load::<IdRow>(conn)
-    .await?
-    .into_iter()
-    .map(|row| row.id)
-    .collect();
+    let moved: Vec<Uuid> = Statement::new(include_str!("sql/wait.sql"))
+        .bind::<Array<SqlUuid>, _>(&ids)
+        .bind::<Array<Int4>, _>(&expected)
+        .bind::<Text, _>(reason.as_str())
+        .load::<IdRow>(conn)
+        .await?
+        .into_iter()
+        .map(|row| row.id)
+        .collect();
     Ok(ids.iter().map(|id| moved.contains(id)).collect())
 }
 
@@ -213,7 +213,7 @@ pub async fn claim_overdue(
 
 /// An attempt whose outcome was never recorded.
 #[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
-pub struct Unrecorded {
+pub struct Interrupted {
     #[diesel(sql_type = SqlUuid)]
     pub delivery_id: Uuid,
     #[diesel(sql_type = SqlUuid)]
@@ -228,7 +228,7 @@ pub struct Unrecorded {
     max_attempts: i16,
 }
 
-impl Unrecorded {
+impl Interrupted {
     pub fn trigger(&self) -> Trigger {
         Trigger::parse(&self.trigger).unwrap_or(Trigger::Manual)
     }
@@ -242,12 +242,12 @@ impl Unrecorded {
 /// Attempts whose dispatcher stopped before recording their outcome (see
 /// `sql/interrupted.sql`): automatic ones whose lease ended more than `grace` ago, manual ones
 /// started more than `manual_after` ago.
-pub async fn unrecorded(
+pub async fn interrupted(
     conn: &mut AsyncPgConnection,
     grace: Duration,
     manual_after: Duration,
     limit: i64,
-) -> Result<Vec<Unrecorded>, DbError> {
+) -> Result<Vec<Interrupted>, DbError> {
     Ok(Statement::new(include_str!("sql/interrupted.sql"))
         .bind::<BigInt, _>(millis(grace))
         .bind::<BigInt, _>(millis(manual_after))
@@ -487,22 +487,12 @@ pub async fn recover_disabled(
     since: OffsetDateTime,
     limit: i64,
 ) -> Result<Vec<Due>, DbError> {
-    Ok(Statement::new(
-        "UPDATE deliveries d SET
-    state = CASE WHEN d.auto_attempts = 0 THEN 'pending' ELSE 'retrying' END,
-    wait_reason = NULL, next_attempt_at = now(), updated_at = now()
-WHERE d.id IN (
-    SELECT id FROM deliveries
-    WHERE webhook_id = $1 AND state = 'waiting' AND wait_reason = 'webhook_disabled'
-        AND created_at >= $2
-    ORDER BY id LIMIT $3 FOR UPDATE)
-RETURNING d.id AS delivery_id, d.webhook_id, d.auto_attempts",
-    )
-    .bind::<SqlUuid, _>(webhook_id)
-    .bind::<diesel::sql_types::Timestamptz, _>(since)
-    .bind::<diesel::sql_types::BigInt, _>(limit)
-    .load(conn)
-    .await?)
+    Ok(Statement::new(include_str!("sql/recover_disabled.sql"))
+        .bind::<SqlUuid, _>(webhook_id)
+        .bind::<diesel::sql_types::Timestamptz, _>(since)
+        .bind::<diesel::sql_types::BigInt, _>(limit)
+        .load(conn)
+        .await?)
 }
 
 /// The newest delivery of each given webhook (for the webhook list).

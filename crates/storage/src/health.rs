@@ -147,26 +147,10 @@ pub async fn for_webhooks(
     conn: &mut AsyncPgConnection,
     ids: &[Uuid],
 ) -> Result<HashMap<Uuid, WebhookHealth>, DbError> {
-    let rows: Vec<HealthRow> = Statement::new(
-        "WITH ids AS (SELECT unnest($1::uuid[]) AS webhook_id),
-rates AS (
-    SELECT o.webhook_id,
-        sum(o.successes) FILTER (WHERE o.bucket >= now() - interval '1 hour') AS s1,
-        sum(o.successes + o.failures) FILTER (WHERE o.bucket >= now() - interval '1 hour') AS n1,
-        sum(o.successes) AS s24, sum(o.successes + o.failures) AS n24
-    FROM webhook_outcomes o JOIN ids USING (webhook_id)
-    WHERE o.bucket >= now() - interval '24 hours'
-    GROUP BY o.webhook_id
-)
-SELECT ids.webhook_id, coalesce(h.consecutive_failures, 0) AS consecutive_failures,
-    h.last_success_at, h.last_failure_at, h.last_error,
-    (r.s1::float8 / nullif(r.n1, 0)) AS success_rate_1h,
-    (r.s24::float8 / nullif(r.n24, 0)) AS success_rate_24h
-FROM ids LEFT JOIN webhook_health h USING (webhook_id) LEFT JOIN rates r USING (webhook_id)",
-    )
-    .bind::<diesel::sql_types::Array<SqlUuid>, _>(ids)
-    .load(conn)
-    .await?;
+    let rows: Vec<HealthRow> = Statement::new(include_str!("sql/health.sql"))
+        .bind::<diesel::sql_types::Array<SqlUuid>, _>(ids)
+        .load(conn)
+        .await?;
     Ok(rows.into_iter().map(|r| (r.webhook_id, r.health)).collect())
 }
 
@@ -174,22 +158,18 @@ FROM ids LEFT JOIN webhook_health h USING (webhook_id) LEFT JOIN rates r USING (
 pub async fn all(
     conn: &mut AsyncPgConnection,
 ) -> Result<Vec<(Uuid, bool, WebhookHealth)>, DbError> {
-    #[derive(QueryableByName)]
-    struct Row {
-        #[diesel(sql_type = SqlUuid)]
-        id: Uuid,
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        enabled: bool,
-    }
-    let webhooks: Vec<Row> =
-        Statement::new("SELECT id, enabled FROM webhooks WHERE deleted_at IS NULL")
-            .load(conn)
-            .await?;
-    let ids: Vec<Uuid> = webhooks.iter().map(|w| w.id).collect();
+    use crate::schema::webhooks::dsl;
+    use diesel::{ExpressionMethods, QueryDsl};
+    let webhooks: Vec<(Uuid, bool)> = dsl::webhooks
+        .filter(dsl::deleted_at.is_null())
+        .select((dsl::id, dsl::enabled))
+        .load(conn)
+        .await?;
+    let ids: Vec<Uuid> = webhooks.iter().map(|(id, _)| *id).collect();
     let mut health = for_webhooks(conn, &ids).await?;
     Ok(webhooks
         .into_iter()
-        .map(|w| (w.id, w.enabled, health.remove(&w.id).unwrap_or_default()))
+        .map(|(id, enabled)| (id, enabled, health.remove(&id).unwrap_or_default()))
         .collect())
 }
 
@@ -220,16 +200,10 @@ pub async fn auto_disable(
     conn: &mut AsyncPgConnection,
     after: Duration,
 ) -> Result<Vec<AutoDisabled>, DbError> {
-    let failing: Vec<FailingRow> = Statement::new(
-        "SELECT h.webhook_id, h.consecutive_failures, h.failing_since, h.last_error
-FROM webhook_health h JOIN webhooks w ON w.id = h.webhook_id
-WHERE w.enabled AND w.deleted_at IS NULL AND h.failing_since IS NOT NULL
-    AND h.last_failure_at >= h.failing_since + $1 * interval '1 millisecond'
-ORDER BY h.webhook_id",
-    )
-    .bind::<BigInt, _>(millis(after))
-    .load(conn)
-    .await?;
+    let failing: Vec<FailingRow> = Statement::new(include_str!("sql/failing_webhooks.sql"))
+        .bind::<BigInt, _>(millis(after))
+        .load(conn)
+        .await?;
     let mut disabled = Vec::new();
     for row in failing {
         let since = row
@@ -258,14 +232,15 @@ ORDER BY h.webhook_id",
                     Err(error) => return Err(error),
                 }
                 // A success recorded meanwhile clears `failing_since`: then it stays enabled.
-                let still: Vec<One> = Statement::new(
-                    "SELECT 1 AS one FROM webhook_health WHERE webhook_id = $1 AND failing_since = $2",
-                )
-                .bind::<SqlUuid, _>(row.webhook_id)
-                .bind::<Timestamptz, _>(row.failing_since)
-                .load(conn)
-                .await?;
-                if still.is_empty() {
+                use crate::schema::webhook_health::dsl;
+                use diesel::{ExpressionMethods, QueryDsl};
+                let still: i64 = dsl::webhook_health
+                    .filter(dsl::webhook_id.eq(row.webhook_id))
+                    .filter(dsl::failing_since.eq(row.failing_since))
+                    .count()
+                    .get_result(conn)
+                    .await?;
+                if still == 0 {
                     // Rolls the disabling back.
                     return Err(DbError::Query(diesel::result::Error::RollbackTransaction));
                 }
@@ -285,13 +260,6 @@ ORDER BY h.webhook_id",
         }
     }
     Ok(disabled)
-}
-
-#[derive(QueryableByName)]
-struct One {
-    #[diesel(sql_type = Int4)]
-    #[allow(dead_code)]
-    one: i32,
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::schema::{events, outbox};
 use crate::statement::Statement;
 use crate::DbError;
-use tocsin_broker::messages::{DeliveryMessage, EventMessage};
+use tocsin_broker::messages::{attempt_headers, DeliveryMessage, EventMessage};
 use tocsin_domain::delivery::Trigger;
 use tocsin_domain::{EventKind, EventPayload};
 
@@ -142,16 +142,13 @@ pub async fn wake_relays(conn: &mut AsyncPgConnection, wake: Wake) -> Result<(),
 }
 
 /// Records a request for the next automatic attempt of each delivery, due now (a recovered
-/// delivery), with the attempt number its claim expects.
+/// delivery), with the automatic attempts its claim expects.
 pub async fn enqueue_automatic(
     conn: &mut AsyncPgConnection,
     due: &[crate::deliveries::Due],
 ) -> Result<(), DbError> {
     let messages = due.iter().map(|due| {
-        let headers = serde_json::json!({
-            tocsin_broker::messages::TRIGGER_HEADER: Trigger::Automatic.as_str(),
-            tocsin_broker::messages::ATTEMPT_HEADER: due.auto_attempts + 1,
-        });
+        let headers = attempt_headers(Trigger::Automatic, Some(due.auto_attempts));
         let message = DeliveryMessage {
             delivery_id: due.delivery_id,
             webhook_id: Some(due.webhook_id),
@@ -179,7 +176,7 @@ pub async fn enqueue_attempt(
         .execute(conn)
         .await?;
     }
-    let headers = serde_json::json!({ tocsin_broker::messages::TRIGGER_HEADER: trigger.as_str() });
+    let headers = attempt_headers(trigger, None);
     let messages = delivery_ids.iter().map(|id| {
         let message = DeliveryMessage {
             delivery_id: *id,
@@ -251,7 +248,7 @@ pub async fn claim_and_mark(
     conn: &mut AsyncPgConnection,
     limit: i64,
 ) -> Result<Vec<OutboxRow>, DbError> {
-    let mut rows: Vec<OutboxRow> = Statement::new(CLAIM_AND_MARK_SQL)
+    let mut rows: Vec<OutboxRow> = Statement::new(include_str!("sql/claim_and_mark.sql"))
         .bind::<diesel::sql_types::BigInt, _>(limit)
         .bind::<diesel::sql_types::Timestamptz, _>(OffsetDateTime::now_utc())
         .load(conn)
@@ -259,13 +256,6 @@ pub async fn claim_and_mark(
     rows.sort_unstable_by_key(|row| row.id);
     Ok(rows)
 }
-
-const CLAIM_AND_MARK_SQL: &str = "\
-UPDATE outbox SET published_at = $2
-WHERE id IN (
-    SELECT id FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
-)
-RETURNING id, topic, headers, payload";
 
 /// How many rows wait to be published.
 pub async fn backlog(conn: &mut AsyncPgConnection) -> Result<i64, DbError> {

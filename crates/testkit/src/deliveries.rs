@@ -76,7 +76,7 @@ pub async fn record_attempt(
         &[Claim {
             delivery_id,
             trigger: Trigger::Automatic,
-            expected_auto_attempts: delivery.auto_attempts,
+            auto_attempts: delivery.auto_attempts,
         }],
         claim_rules(),
     )
@@ -97,7 +97,7 @@ pub async fn record_attempt(
         &[Completion {
             delivery_id,
             number: job.number,
-            auto_number: Some(job.delivery.auto_attempts),
+            auto_attempts: Some(job.delivery.auto_attempts),
             result,
             transition,
         }],

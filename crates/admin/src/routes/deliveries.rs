@@ -30,10 +30,14 @@ pub struct Delivery {
     pub wait_reason: Option<WaitReason>,
     /// Attempts made so far, automatic and manual.
     pub attempt_count: i32,
-    /// When the next automatic attempt is due (`null` when none is scheduled). While an
-    /// automatic attempt is under way, when its dispatcher's lease on it ends.
+    /// When the next automatic attempt is due (`null` while one is under way, and when none is
+    /// scheduled).
     #[serde(with = "time::serde::rfc3339::option")]
     pub next_attempt_at: Option<OffsetDateTime>,
+    /// While an automatic attempt is under way, when its lease ends: an attempt whose outcome
+    /// is not recorded by then is recorded `interrupted` (`null` when none is under way).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub attempting_until: Option<OffsetDateTime>,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
@@ -55,6 +59,7 @@ impl From<repo::Delivery> for Delivery {
             wait_reason: d.wait_reason,
             attempt_count: d.attempt_count,
             next_attempt_at: d.next_attempt_at,
+            attempting_until: d.attempting_until,
             created_at: d.created_at,
             updated_at: d.updated_at,
             replayed: d.replayed,

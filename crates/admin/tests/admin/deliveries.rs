@@ -52,6 +52,7 @@ async fn the_delivery_log_lists_filters_and_shows_attempts() {
             "wait_reason",
             "attempt_count",
             "next_attempt_at",
+            "attempting_until",
             "created_at",
             "updated_at",
             "replayed"

@@ -214,7 +214,7 @@ async fn attempts_are_logged_inside_their_stage_spans() {
         ("make_claimed".into(), id.clone(), Some(1))
     );
     assert_eq!(attempts[0]["success"], false);
-    assert_eq!(span(&attempts[1]), ("attempt".into(), id, Some(2)));
+    assert_eq!(span(&attempts[1]), ("make".into(), id, Some(2)));
     assert_eq!(attempts[1]["span"]["trigger"], "automatic");
     assert_eq!(attempts[1]["success"], true);
     harness.stop().await;

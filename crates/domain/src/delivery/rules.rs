@@ -94,7 +94,7 @@ pub enum Act {
     Wait,
     /// The waiting pass takes a delivery waiting for room, to claim its attempt.
     Release,
-    /// The sweeper takes an automatic attempt whose lease ended unrecorded, to record it
+    /// The sweeper takes an automatic attempt whose lease ended without an outcome, to record it
     /// `interrupted` (then [`Act::Retry`] or [`Act::Fail`]).
     Sweep,
     /// No automatic attempt is allowed any more (webhook deleted or disabled, schedule used up).

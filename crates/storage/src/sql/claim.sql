@@ -8,8 +8,9 @@
 -- caller saw (a redelivered or duplicate message finds them moved on), the schedule has
 -- attempts left (the webhook's max_attempts, at most $5), the attempt is due (no earlier than
 -- $6 ms ahead of `next_attempt_at`), and the webhook is enabled and not deleted. It takes a
--- lease: `attempting_until` (and `next_attempt_at`) is now plus the webhook's timeout plus $4
--- ms; if its outcome is not recorded by then, the sweeper records it as interrupted.
+-- lease: `attempting_until` is now plus the webhook's timeout plus $4 ms (if its outcome is
+-- not recorded by then, the sweeper records it as interrupted), and no next attempt is due
+-- while it holds (`next_attempt_at` is NULL until the outcome sets it).
 --
 -- A rate-limited webhook's automatic attempts also spend its budget (`webhook_rate_budgets`,
 -- locked in webhook order): the k-th in this statement gets the slot at the budget's next
@@ -35,7 +36,7 @@
 -- The guards read the delivery rows as locked (their latest versions), never an older
 -- snapshot of them.
 WITH input AS (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::int4[]) AS v(id, trigger, expected)
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::int4[]) AS v(id, trigger, auto_attempts)
 ), locked AS (
     SELECT d.id, d.webhook_id, d.state, d.attempting_until, d.auto_attempts, d.next_attempt_at,
         d.manual_requested, d.event_id, d.incident_id
@@ -49,7 +50,7 @@ WITH input AS (
             WHEN 'automatic' THEN
                 l.state IN ('pending', 'waiting', 'retrying')
                 AND l.attempting_until IS NULL
-                AND l.auto_attempts = v.expected
+                AND l.auto_attempts = v.auto_attempts
                 AND l.auto_attempts < least(w.max_attempts, $5)
                 AND l.next_attempt_at <= now() + $6 * interval '1 millisecond'
             ELSE l.state <> 'succeeded' AND l.manual_requested
@@ -105,8 +106,7 @@ WITH input AS (
         attempting_until = CASE WHEN j.trigger = 'automatic'
             THEN now() + (j.timeout_ms + $4) * interval '1 millisecond'
             ELSE d.attempting_until END,
-        next_attempt_at = CASE WHEN j.trigger = 'automatic'
-            THEN now() + (j.timeout_ms + $4) * interval '1 millisecond'
+        next_attempt_at = CASE WHEN j.trigger = 'automatic' THEN NULL
             ELSE d.next_attempt_at END,
         manual_requested = d.manual_requested AND j.trigger <> 'manual',
         updated_at = now()

@@ -9,7 +9,7 @@ WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::int4[], $3::int4[], $4::text[], $5::int8[],
             $6::bool[], $7::int4[], $8::int4[], $9::text[], $10::text[], $11::jsonb[],
             $12::text[], $13::bool[])
-        AS v(id, number, auto_number, to_state, delay_ms, success, status_code, duration_ms,
+        AS v(id, number, auto_attempts, to_state, delay_ms, success, status_code, duration_ms,
             error, error_detail, request_headers, response_body, response_truncated)
 ), done AS (
     UPDATE attempts a SET
@@ -25,16 +25,16 @@ WITH input AS (
     WHERE a.delivery_id = v.id AND a.number = v.number AND a.success IS NULL
     RETURNING a.delivery_id
 ), judged AS (
-    SELECT d.id, v.to_state, v.delay_ms, v.auto_number,
+    SELECT d.id, v.to_state, v.delay_ms, v.auto_attempts,
         CASE v.to_state
             WHEN 'succeeded' THEN d.state <> 'succeeded'
             WHEN 'retrying' THEN d.state IN ('pending', 'waiting', 'retrying')
-                AND d.auto_attempts = v.auto_number
+                AND d.auto_attempts = v.auto_attempts
             WHEN 'failed' THEN d.state IN ('pending', 'waiting', 'retrying')
-                AND d.auto_attempts = v.auto_number
+                AND d.auto_attempts = v.auto_attempts
             ELSE false
         END AS allowed,
-        v.auto_number IS NOT NULL AND d.auto_attempts = v.auto_number AS ends_lease
+        v.auto_attempts IS NOT NULL AND d.auto_attempts = v.auto_attempts AS ends_lease
     FROM deliveries d JOIN input v ON v.id = d.id JOIN done x ON x.delivery_id = d.id
     ORDER BY d.id
     FOR UPDATE OF d

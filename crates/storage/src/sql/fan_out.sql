@@ -128,8 +128,7 @@ WITH given AS (
         CASE WHEN t.claim THEN 1 ELSE 0 END,
         CASE WHEN t.claim
             THEN now() + (2 * t.timeout_ms + $7) * interval '1 millisecond' END,
-        CASE WHEN t.claim
-            THEN now() + (2 * t.timeout_ms + $7) * interval '1 millisecond' ELSE now() END,
+        CASE WHEN NOT t.claim THEN now() END,
         now(), now(), $9::uuid IS NOT NULL
     FROM targets t
     ORDER BY t.event_id, t.webhook_id

@@ -44,7 +44,11 @@ async fn an_automatic_claim_logs_its_attempt_before_the_request_and_takes_a_leas
     let lease = lease(&mut conn, id).await.expect("a lease");
     let lasts = webhook.retry.timeout() + claim_rules().lease_margin;
     assert_between(lease, before + lasts, after + lasts, "the lease");
-    assert_eq!(job.delivery.next_attempt_at, Some(lease));
+    assert_eq!(job.delivery.attempting_until, Some(lease));
+    assert_eq!(
+        job.delivery.next_attempt_at, None,
+        "none is due while one is under way"
+    );
     let logged = deliveries::get_detail(&mut conn, id)
         .await
         .unwrap()

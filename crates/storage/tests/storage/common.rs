@@ -194,7 +194,7 @@ pub(crate) async fn claim(
     conn: &mut AsyncPgConnection,
     delivery_id: Uuid,
     trigger: Trigger,
-    expected_auto_attempts: i32,
+    auto_attempts: i32,
     rules: ClaimRules,
 ) -> Option<Job> {
     attempts::claim(
@@ -202,7 +202,7 @@ pub(crate) async fn claim(
         &[Claim {
             delivery_id,
             trigger,
-            expected_auto_attempts,
+            auto_attempts,
         }],
         rules,
     )
@@ -247,7 +247,7 @@ pub(crate) fn completion(job: &Job, result: AttemptResult) -> Completion {
     Completion {
         delivery_id: job.delivery.id,
         number: job.number,
-        auto_number: automatic.then_some(job.delivery.auto_attempts),
+        auto_attempts: automatic.then_some(job.delivery.auto_attempts),
         transition: Transition::after_attempt(
             job.trigger,
             job.delivery.auto_attempts,

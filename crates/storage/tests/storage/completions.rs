@@ -103,7 +103,7 @@ async fn an_attempt_recorded_as_interrupted_is_not_recorded_again() {
     let id = delivery_to(&mut conn, "interrupted", webhook.id).await;
     let job = claim_auto(&mut conn, id, 0).await.unwrap();
     end_lease(&mut conn, id, "10 minutes").await;
-    let found = deliveries::unrecorded(
+    let found = deliveries::interrupted(
         &mut conn,
         Duration::from_secs(120),
         Duration::from_secs(300),
@@ -115,7 +115,7 @@ async fn an_attempt_recorded_as_interrupted_is_not_recorded_again() {
     let sweep = Completion {
         delivery_id: found[0].delivery_id,
         number: found[0].number,
-        auto_number: Some(found[0].auto_attempts),
+        auto_attempts: Some(found[0].auto_attempts),
         result: AttemptResult::interrupted(),
         transition: Transition::after_attempt(
             found[0].trigger(),
@@ -142,7 +142,7 @@ async fn an_attempt_recorded_as_interrupted_is_not_recorded_again() {
     assert_eq!(detail.attempts[0].success, Some(false));
     assert_eq!(detail.attempts[0].error.as_deref(), Some("interrupted"));
     assert!(
-        deliveries::unrecorded(&mut conn, Duration::ZERO, Duration::ZERO, 10)
+        deliveries::interrupted(&mut conn, Duration::ZERO, Duration::ZERO, 10)
             .await
             .unwrap()
             .is_empty()

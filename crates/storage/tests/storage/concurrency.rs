@@ -26,7 +26,7 @@ async fn concurrent_claims_of_one_automatic_attempt_admit_exactly_one() {
         Claim {
             delivery_id: id,
             trigger: Trigger::Automatic,
-            expected_auto_attempts: 0,
+            auto_attempts: 0,
         };
         RACERS
     ];
@@ -59,7 +59,7 @@ async fn racing_manual_claims_of_one_request_admit_one() {
         Claim {
             delivery_id: id,
             trigger: Trigger::Manual,
-            expected_auto_attempts: 0,
+            auto_attempts: 0,
         };
         RACERS
     ];
@@ -167,12 +167,12 @@ async fn claims_and_completions_in_one_batch_move_each_delivery_as_alone() {
     let auto = |id: Uuid, expected: i32| Claim {
         delivery_id: id,
         trigger: Trigger::Automatic,
-        expected_auto_attempts: expected,
+        auto_attempts: expected,
     };
     let manual = |id: Uuid| Claim {
         delivery_id: id,
         trigger: Trigger::Manual,
-        expected_auto_attempts: 0,
+        auto_attempts: 0,
     };
     let claims = [
         auto(ids[3], 0),

@@ -187,7 +187,7 @@ async fn a_poison_claim_fails_alone_in_its_batch() {
         .map(|&delivery_id| Claim {
             delivery_id,
             trigger: Trigger::Automatic,
-            expected_auto_attempts: 0,
+            auto_attempts: 0,
         })
         .collect();
     let answers = run_batch(&db.pool(), &claims, &|conn, claims| {

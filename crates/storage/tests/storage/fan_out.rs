@@ -192,7 +192,7 @@ async fn a_fan_out_claims_the_first_attempts_of_the_deliveries_it_creates() {
     let claim = Claim {
         delivery_id: job.delivery.id,
         trigger: Trigger::Automatic,
-        expected_auto_attempts: 0,
+        auto_attempts: 0,
     };
     let again = attempts::claim(&mut conn, &[claim], claim_rules())
         .await

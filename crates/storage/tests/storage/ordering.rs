@@ -51,7 +51,7 @@ async fn claim(conn: &mut AsyncPgConnection, id: uuid::Uuid) -> Option<attempts:
         &[Claim {
             delivery_id: id,
             trigger: Trigger::Automatic,
-            expected_auto_attempts: 0,
+            auto_attempts: 0,
         }],
         claim_rules(),
     )

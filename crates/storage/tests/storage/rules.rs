@@ -145,20 +145,20 @@ async fn run(conn: &mut AsyncPgConnection, act: Act, s: &Subject) -> bool {
     let claim = |trigger| Claim {
         delivery_id: s.delivery_id,
         trigger,
-        expected_auto_attempts: s.auto_attempts,
+        auto_attempts: s.auto_attempts,
     };
     // The outcome of the open automatic attempt (of a number no attempt has, when none is).
     let automatic = |success, transition| Completion {
         delivery_id: s.delivery_id,
         number: s.open_automatic.unwrap_or(99),
-        auto_number: Some(s.auto_attempts),
+        auto_attempts: Some(s.auto_attempts),
         result: result(success),
         transition,
     };
     let manual = |success, transition| Completion {
         delivery_id: s.delivery_id,
         number: s.open_manual.expect("a manual attempt"),
-        auto_number: None,
+        auto_attempts: None,
         result: result(success),
         transition,
     };
@@ -199,7 +199,7 @@ async fn run(conn: &mut AsyncPgConnection, act: Act, s: &Subject) -> bool {
             .unwrap()
             .iter()
             .any(|taken| taken.delivery_id == s.delivery_id),
-        Act::Sweep => deliveries::unrecorded(
+        Act::Sweep => deliveries::interrupted(
             conn,
             Duration::from_secs(60),
             Duration::from_secs(3600),

@@ -462,7 +462,7 @@ async fn a_rate_limited_webhooks_claims_share_one_budget() {
             .map(|id| Claim {
                 delivery_id: *id,
                 trigger: tocsin_domain::delivery::Trigger::Automatic,
-                expected_auto_attempts: 0,
+                auto_attempts: 0,
             })
             .collect()
     };
@@ -506,7 +506,7 @@ async fn a_rate_limited_webhooks_claims_share_one_budget() {
         &[Claim {
             delivery_id: ids[5],
             trigger: tocsin_domain::delivery::Trigger::Manual,
-            expected_auto_attempts: 0,
+            auto_attempts: 0,
         }],
         claim_rules(),
     )

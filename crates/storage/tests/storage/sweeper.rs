@@ -1,5 +1,5 @@
 //! The sweeper's queries: `claim_overdue` takes overdue deliveries with no attempt under way,
-//! and `unrecorded` finds the attempts whose dispatcher stopped before recording them.
+//! and `interrupted` finds the attempts whose dispatcher stopped before recording them.
 
 use std::time::Duration;
 
@@ -102,11 +102,11 @@ async fn the_sweeper_claims_only_overdue_deliveries_with_no_attempt_under_way_on
     );
 }
 
-/// `unrecorded` finds the attempts whose dispatcher stopped before recording them: an automatic
+/// `interrupted` finds the attempts whose dispatcher stopped before recording them: an automatic
 /// one once its lease ended more than the grace ago, a manual one started more than
 /// `manual_after` ago; never one recorded, oldest first, at most the limit.
 #[tokio::test]
-async fn unrecorded_finds_attempts_whose_dispatcher_stopped() {
+async fn interrupted_finds_attempts_whose_dispatcher_stopped() {
     let db = TestDb::new().await;
     let mut conn = db.pool().get().await.unwrap();
     let webhook = webhook(&mut conn, "stopped", &EventKind::ALL, 3).await;
@@ -147,7 +147,7 @@ async fn unrecorded_finds_attempts_whose_dispatcher_stopped() {
 
     let grace = Duration::from_secs(120);
     let manual_after = Duration::from_secs(300);
-    let found = deliveries::unrecorded(&mut conn, grace, manual_after, 10)
+    let found = deliveries::interrupted(&mut conn, grace, manual_after, 10)
         .await
         .unwrap();
     let summary: Vec<(Uuid, Uuid, i32, Trigger, i32, u8)> = found
@@ -177,7 +177,7 @@ async fn unrecorded_finds_attempts_whose_dispatcher_stopped() {
             ),
         ]
     );
-    let oldest = deliveries::unrecorded(&mut conn, grace, manual_after, 1)
+    let oldest = deliveries::interrupted(&mut conn, grace, manual_after, 1)
         .await
         .unwrap();
     assert_eq!(oldest.len(), 1);

@@ -68,11 +68,14 @@ async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) ->
     ctx.metrics.deliveries_created.inc_by(created as u64);
     ctx.metrics.waited.inc_by(waiting as u64);
     tracing::debug!(deliveries = created, waiting, disabled, "fanned out");
-    let mut started: Vec<_> = claimed.into_iter().map(|job| make(ctx, job)).collect();
+    let mut started: Vec<_> = claimed
+        .into_iter()
+        .map(|job| spawn_claimed(ctx, job))
+        .collect();
     started.extend(
         pending
             .into_iter()
-            .map(|due| crate::deliver::start(ctx, due)),
+            .map(|due| crate::attempt::spawn(ctx, due)),
     );
     // Acked once every attempt has its slots (its claim is committed already), so that the
     // events in flight bound the attempts waiting in this dispatcher.
@@ -86,12 +89,12 @@ async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) ->
 
 /// Makes a first attempt claimed by the fan-out, in this dispatcher; the receiver resolves once
 /// it has its slots.
-fn make(ctx: &Arc<Context>, job: Job) -> oneshot::Receiver<()> {
+fn spawn_claimed(ctx: &Arc<Context>, job: Job) -> oneshot::Receiver<()> {
     let (started, receiver) = oneshot::channel();
     let ctx = ctx.clone();
     ctx.tasks.clone().spawn(
         async move {
-            crate::deliver::make_claimed(&ctx, job, Some(started)).await;
+            crate::attempt::make_claimed(&ctx, job, Some(started)).await;
         }
         .in_current_span(),
     );

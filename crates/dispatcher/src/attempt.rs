@@ -1,32 +1,27 @@
-//! One attempt of one delivery, in four stages: take a slot of the webhook (or leave the
+//! Making an attempt of a delivery, in four stages: take a slot of the webhook (or leave the
 //! delivery `waiting`), claim the attempt (logged before its request is sent, guarded so that
-//! no duplicate or late message sends twice), send the signed `POST`, and record its outcome
-//! with the transition the state machine gives; a failed automatic attempt with attempts left
-//! is scheduled through the retry queue of the next delay.
+//! no duplicate or late message sends twice), send the signed `POST` (`request.rs`), and record
+//! its outcome with the transition the domain gives; a failed automatic attempt with attempts
+//! left is scheduled through the retry queue of the next delay. Every attempt is made here,
+//! whoever asked for it: the fan-out (`make_claimed`), a delivery message, the waiting pass
+//! (`spawn`, `make_due`), an operator.
 
-use std::borrow::Cow;
-use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use lapin::message::Delivery;
-use serde_json::{Map, Value};
 use time::OffsetDateTime;
-use tocsin_broker::messages::{DeliveryMessage, ATTEMPT_HEADER, TRIGGER_HEADER};
-use tocsin_broker::{header_int, header_str};
+use tocsin_broker::header_str;
+use tocsin_broker::messages::{auto_attempts_of, DeliveryMessage, TRIGGER_HEADER};
 use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger};
-use tocsin_domain::signing::{self, headers};
 use tocsin_domain::WebhookOrdering;
 use tocsin_storage::attempts::{AttemptResult, Claim, Completion, Job};
 use tocsin_storage::deliveries::{self, Due};
 use tocsin_web::telemetry::RemoteParent;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
-use tracing::field::Empty;
 use tracing::Instrument;
 
 use crate::context::{Context, Outcome};
 use crate::slots::Slot;
-use tocsin_web::ssrf::{Blocked, DnsFailure};
 
 /// Handles a message of the delivery queue: an automatic attempt (a retry, one the sweeper
 /// found overdue, one handed over by a stopping dispatcher) or a manual one.
@@ -34,17 +29,15 @@ pub(crate) async fn handle_delivery(ctx: Arc<Context>, message: Delivery) {
     let trigger = header_str(&message.properties, TRIGGER_HEADER)
         .and_then(|t| Trigger::parse(&t))
         .unwrap_or(Trigger::Automatic);
-    let requested = header_int(&message.properties, ATTEMPT_HEADER)
-        .and_then(|n| i32::try_from(n).ok())
-        .unwrap_or(1);
+    let auto_attempts = auto_attempts_of(&message.properties).unwrap_or(0);
     // A retry continues the trace of the attempt that scheduled it.
     let span = tracing::debug_span!(
         "delivery_message",
         trigger = trigger.as_str(),
-        attempt = (trigger == Trigger::Automatic).then_some(requested)
+        auto_attempts = (trigger == Trigger::Automatic).then_some(auto_attempts)
     );
     RemoteParent::from_headers(|name| header_str(&message.properties, name)).adopt_by(&span);
-    let outcome = delivery_message(&ctx, &message, trigger, requested)
+    let outcome = delivery_message(&ctx, &message, trigger, auto_attempts)
         .instrument(span)
         .await;
     ctx.finish(message, outcome, "deliveries").await;
@@ -54,7 +47,7 @@ async fn delivery_message(
     ctx: &Arc<Context>,
     message: &Delivery,
     trigger: Trigger,
-    requested: i32,
+    auto_attempts: i32,
 ) -> Outcome {
     match DeliveryMessage::from_bytes(&message.data) {
         Ok(parsed) => match trigger {
@@ -62,12 +55,12 @@ async fn delivery_message(
                 let claim = Claim {
                     delivery_id: parsed.delivery_id,
                     trigger,
-                    expected_auto_attempts: 0,
+                    auto_attempts: 0,
                 };
-                attempt(ctx, claim, None, None).await
+                make(ctx, claim, None, None).await
             }
-            Trigger::Automatic => match due(ctx, &parsed, requested).await {
-                Ok(due) => attempt_due(ctx, due, None).await,
+            Trigger::Automatic => match due(ctx, &parsed, auto_attempts).await {
+                Ok(due) => make_due(ctx, due, None).await,
                 Err(outcome) => outcome,
             },
         },
@@ -75,12 +68,13 @@ async fn delivery_message(
     }
 }
 
-/// The delivery a message asks automatic attempt `requested` of.
-#[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %message.delivery_id, attempt = requested))]
+/// The delivery a message asks the next automatic attempt of, after the `auto_attempts` its
+/// sender saw made.
+#[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %message.delivery_id, auto_attempts))]
 async fn due(
     ctx: &Arc<Context>,
     message: &DeliveryMessage,
-    requested: i32,
+    auto_attempts: i32,
 ) -> Result<Due, Outcome> {
     let webhook_id = match message.webhook_id {
         Some(webhook_id) => webhook_id,
@@ -104,14 +98,14 @@ async fn due(
     Ok(Due {
         delivery_id: message.delivery_id,
         webhook_id,
-        auto_attempts: requested - 1,
+        auto_attempts,
     })
 }
 
 /// Starts the next automatic attempt of `due` in this dispatcher; the receiver resolves once
 /// the attempt is claimed, the delivery is `waiting`, or the task ended without either (the
 /// dispatcher is stopping).
-pub(crate) fn start(ctx: &Arc<Context>, due: Due) -> oneshot::Receiver<()> {
+pub(crate) fn spawn(ctx: &Arc<Context>, due: Due) -> oneshot::Receiver<()> {
     let (claimed, receiver) = oneshot::channel();
     let ctx = ctx.clone();
     ctx.tasks.clone().spawn(
@@ -119,7 +113,7 @@ pub(crate) fn start(ctx: &Arc<Context>, due: Due) -> oneshot::Receiver<()> {
             if ctx.cancel.is_cancelled() {
                 return;
             }
-            attempt_due(&ctx, due, Some(claimed)).await;
+            make_due(&ctx, due, Some(claimed)).await;
         }
         .in_current_span(),
     );
@@ -132,7 +126,7 @@ type Claimed = Option<oneshot::Sender<()>>;
 /// Makes the next automatic attempt of `due` if its webhook has room; otherwise the delivery
 /// is `waiting` until it has. `claimed` is told once the attempt is claimed or the delivery
 /// is waiting.
-pub(crate) async fn attempt_due(ctx: &Arc<Context>, due: Due, claimed: Claimed) -> Outcome {
+pub(crate) async fn make_due(ctx: &Arc<Context>, due: Due, claimed: Claimed) -> Outcome {
     let Some(slot) = ctx.slots.take(due.webhook_id).await else {
         let outcome = wait(ctx, due).await;
         tell(claimed);
@@ -141,9 +135,9 @@ pub(crate) async fn attempt_due(ctx: &Arc<Context>, due: Due, claimed: Claimed) 
     let claim = Claim {
         delivery_id: due.delivery_id,
         trigger: Trigger::Automatic,
-        expected_auto_attempts: due.auto_attempts,
+        auto_attempts: due.auto_attempts,
     };
-    attempt(ctx, claim, Some(slot), claimed).await
+    make(ctx, claim, Some(slot), claimed).await
 }
 
 fn tell(claimed: Claimed) {
@@ -169,12 +163,7 @@ async fn wait(ctx: &Arc<Context>, due: Due) -> Outcome {
 /// Claims, makes and records one attempt. A manual attempt takes no slot of its webhook: an
 /// operator asked for it now.
 #[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %claim.delivery_id, trigger = claim.trigger.as_str(), attempt, webhook_id))]
-async fn attempt(
-    ctx: &Arc<Context>,
-    claim: Claim,
-    slot: Option<Slot>,
-    claimed: Claimed,
-) -> Outcome {
+async fn make(ctx: &Arc<Context>, claim: Claim, slot: Option<Slot>, claimed: Claimed) -> Outcome {
     let Ok(request) = ctx.requests.clone().acquire_owned().await else {
         return Outcome::Requeue;
     };
@@ -188,7 +177,7 @@ async fn attempt(
         }
         Err(outcome) => return outcome,
     };
-    make(ctx, job, Room::Taken { slot, request }).await
+    send_and_record(ctx, job, Room::Taken { slot, request }).await
 }
 
 /// Makes a first attempt claimed with its delivery by the fan-out: takes a slot of its webhook
@@ -211,7 +200,7 @@ pub(crate) async fn make_claimed(ctx: &Arc<Context>, job: Job, started: Claimed)
         Err(_) => Room::None,
     };
     tell(started);
-    make(ctx, job, room).await
+    send_and_record(ctx, job, room).await
 }
 
 /// What an attempt was given to be made in.
@@ -228,7 +217,7 @@ enum Room {
 
 /// Sends a claimed attempt (unless it has no room), records its outcome, and schedules the
 /// next one.
-async fn make(ctx: &Arc<Context>, job: Job, room: Room) -> Outcome {
+async fn send_and_record(ctx: &Arc<Context>, job: Job, room: Room) -> Outcome {
     tracing::Span::current()
         .record("attempt", job.number)
         .record("webhook_id", tracing::field::display(job.webhook.id));
@@ -236,7 +225,7 @@ async fn make(ctx: &Arc<Context>, job: Job, room: Room) -> Outcome {
     let result = match room {
         Room::Taken { slot, request } => {
             ctx.metrics.in_flight.inc();
-            let result = send(ctx, &job, started).await;
+            let result = crate::request::send(ctx, &job, started).await;
             ctx.metrics.in_flight.dec();
             if let (Some(slot), Some(_)) = (&slot, result.status_code) {
                 slot.answered();
@@ -257,7 +246,7 @@ async fn make(ctx: &Arc<Context>, job: Job, room: Room) -> Outcome {
         "attempt made"
     );
 
-    let auto_number = (job.trigger == Trigger::Automatic).then_some(job.delivery.auto_attempts);
+    let auto_attempts = (job.trigger == Trigger::Automatic).then_some(job.delivery.auto_attempts);
     let transition = Transition::after_attempt(
         job.trigger,
         job.delivery.auto_attempts,
@@ -268,7 +257,7 @@ async fn make(ctx: &Arc<Context>, job: Job, room: Room) -> Outcome {
     let completion = Completion {
         delivery_id: job.delivery.id,
         number: job.number,
-        auto_number,
+        auto_attempts,
         result,
         transition,
     };
@@ -336,7 +325,7 @@ async fn start_next_in_order(ctx: &Arc<Context>, finished: uuid::Uuid) {
         deliveries::next_in_order(&mut conn, finished).await
     };
     match next.await {
-        Ok(Some(due)) => drop(start(ctx, due)),
+        Ok(Some(due)) => drop(spawn(ctx, due)),
         Ok(None) => {}
         Err(error) => tracing::warn!(
             delivery_id = %finished,
@@ -397,246 +386,4 @@ fn observe(ctx: &Context, job: &Job, result: &AttemptResult, started: OffsetDate
             .with_label_values(&[outcome])
             .observe(f64::from(result.duration_ms) / 1000.0);
     }
-}
-
-/// Makes the HTTP request and describes it as the attempt's result. Its span is the attempt's
-/// in a trace: webhook, delivery, attempt number, trigger, and how it went.
-#[tracing::instrument(
-    level = "debug",
-    skip_all,
-    fields(
-        otel.kind = "client",
-        webhook_id = %job.webhook.id,
-        delivery_id = %job.delivery.id,
-        attempt = job.number,
-        trigger = job.trigger.as_str(),
-        status = Empty,
-        success = Empty,
-        error = Empty,
-        otel.status_code = Empty,
-    )
-)]
-async fn send(ctx: &Context, job: &Job, started_at: OffsetDateTime) -> AttemptResult {
-    let started = Instant::now();
-    let id = job.delivery.id.to_string();
-    let timestamp = started_at.unix_timestamp();
-    let signature = signing::signature_header(
-        job.webhook.signing_secrets(started_at),
-        &id,
-        timestamp,
-        job.body.as_bytes(),
-    );
-    let mut sent: Vec<(&str, String)> = vec![
-        ("content-type", "application/json".into()),
-        (
-            "user-agent",
-            concat!("Tocsin/", env!("CARGO_PKG_VERSION")).into(),
-        ),
-        (headers::ID, id),
-        (headers::TIMESTAMP, timestamp.to_string()),
-        (headers::SIGNATURE, signature),
-        ("tocsin-event", job.delivery.event.as_str().into()),
-        ("tocsin-attempt", job.number.to_string()),
-    ];
-    if job.test {
-        sent.push(("tocsin-test", "true".into()));
-    }
-    // The webhook's own headers follow Tocsin's (their names never collide: they are
-    // reserved); the log shows their values masked.
-    let request_headers = Value::Object(
-        sent.iter()
-            .map(|(name, value)| ((*name).to_owned(), Value::String(value.clone())))
-            .chain(
-                job.webhook
-                    .headers
-                    .masked()
-                    .into_iter()
-                    .map(|(name, masked)| (name, Value::String(masked))),
-            )
-            .collect::<Map<_, _>>(),
-    );
-    let exchange = exchange(ctx, job, &sent).await;
-    let duration_ms = i32::try_from(started.elapsed().as_millis()).unwrap_or(i32::MAX);
-    let mut result = AttemptResult {
-        success: false,
-        status_code: None,
-        duration_ms,
-        error: None,
-        error_detail: None,
-        request_headers,
-        response_body: None,
-        response_truncated: false,
-    };
-    match exchange {
-        Ok(answer) => {
-            let success = (200..300).contains(&answer.status);
-            result.success = success;
-            result.status_code = Some(answer.status);
-            result.response_body = Some(answer.body);
-            result.response_truncated = answer.truncated || answer.body_error.is_some();
-            let mut detail = Vec::new();
-            if !success {
-                result.error = Some(if (300..400).contains(&answer.status) {
-                    AttemptError::Redirect
-                } else {
-                    AttemptError::HttpStatus
-                });
-                detail.push(format!("the target answered {}", answer.status));
-            }
-            if let Some(body_error) = answer.body_error {
-                detail.push(body_error);
-            }
-            result.error_detail = (!detail.is_empty()).then(|| detail.join("; "));
-        }
-        Err((kind, detail)) => {
-            result.error = Some(kind);
-            result.error_detail = Some(detail);
-        }
-    }
-    // Error texts quote what the target sent (a status line, a TLS alert).
-    if let Some(detail) = &mut result.error_detail {
-        if let Cow::Owned(clean) = tocsin_domain::text::storable_str(detail) {
-            *detail = clean;
-        }
-    }
-    let span = tracing::Span::current();
-    span.record("success", result.success);
-    if let Some(status) = result.status_code {
-        span.record("status", status);
-    }
-    if let Some(error) = result.error {
-        span.record("error", error.as_str())
-            .record("otel.status_code", "error");
-    }
-    result
-}
-
-/// What the target answered.
-struct Answer {
-    status: u16,
-    /// The body as read, at most the response body limit.
-    body: String,
-    /// The body was longer than the limit.
-    truncated: bool,
-    /// Why the body is incomplete, when it broke off or did not arrive within the timeout.
-    body_error: Option<String>,
-}
-
-/// Sends the request. The webhook's timeout bounds the whole exchange: an answer whose status
-/// line and headers come within it is the attempt's answer (its status decides success); its
-/// body is read for the rest of the timeout, and a body that breaks off or is still arriving
-/// then is kept as read and marked incomplete. No answer within the timeout is a timeout.
-async fn exchange(
-    ctx: &Context,
-    job: &Job,
-    sent: &[(&str, String)],
-) -> Result<Answer, (AttemptError, String)> {
-    let url = job.webhook.url.url();
-    // IP-literal URLs never reach the resolver: check them here.
-    if let Some(host) = url.host() {
-        let literal: Option<IpAddr> = match host {
-            url::Host::Ipv4(v4) => Some(v4.into()),
-            url::Host::Ipv6(v6) => Some(v6.into()),
-            url::Host::Domain(_) => None,
-        };
-        if let Some(ip) = literal {
-            ctx.policy
-                .check(ip)
-                .map_err(|blocked| (AttemptError::Blocked, blocked.to_string()))?;
-        }
-    }
-    let mut request = ctx.client.post(url.clone()).body(job.body.clone());
-    for (name, value) in sent {
-        request = request.header(*name, value);
-    }
-    for (name, value) in job.webhook.headers.iter() {
-        request = request.header(name, value);
-    }
-    let timeout = job.webhook.retry.timeout();
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut response = match tokio::time::timeout_at(deadline, request.send()).await {
-        Err(_) => {
-            return Err((
-                AttemptError::Timeout,
-                format!("no answer within {} ms", job.webhook.retry.timeout_ms()),
-            ))
-        }
-        Ok(Err(error)) => return Err(classify(&error)),
-        Ok(Ok(response)) => response,
-    };
-    let status = response.status().as_u16();
-    let mut body = Vec::new();
-    let mut truncated = false;
-    let mut body_error = None;
-    loop {
-        match tokio::time::timeout_at(deadline, response.chunk()).await {
-            Err(_) => {
-                body_error = Some(format!(
-                    "the response body was still arriving after {} ms; kept as read",
-                    job.webhook.retry.timeout_ms()
-                ));
-                break;
-            }
-            Ok(Err(error)) => {
-                body_error = Some(format!(
-                    "the response body broke off: {error}; kept as read"
-                ));
-                break;
-            }
-            Ok(Ok(None)) => break,
-            Ok(Ok(Some(chunk))) => {
-                let room = ctx.response_limit.saturating_sub(body.len());
-                if chunk.len() > room {
-                    body.extend_from_slice(&chunk[..room]);
-                    truncated = true;
-                    break;
-                }
-                body.extend_from_slice(&chunk);
-            }
-        }
-    }
-    Ok(Answer {
-        status,
-        body: tocsin_domain::text::storable(&body),
-        truncated,
-        body_error,
-    })
-}
-
-/// Names the kind of a transport failure from the error and its causes.
-fn classify(error: &reqwest::Error) -> (AttemptError, String) {
-    let mut chain = error.to_string();
-    let mut kind = None;
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        chain.push_str(": ");
-        chain.push_str(&cause.to_string());
-        if cause.downcast_ref::<Blocked>().is_some() {
-            kind = kind.or(Some(AttemptError::Blocked));
-        } else if cause.downcast_ref::<DnsFailure>().is_some() {
-            kind = kind.or(Some(AttemptError::Dns));
-        }
-        source = cause.source();
-    }
-    let lower = chain.to_ascii_lowercase();
-    let kind = kind.unwrap_or(if error.is_timeout() {
-        AttemptError::Timeout
-    } else if lower.contains("certificate")
-        || lower.contains("tls")
-        || lower.contains("handshake")
-        // rustls: the target answered the handshake with something that is not TLS.
-        || lower.contains("corrupt message")
-        || lower.contains("fatal alert")
-    {
-        AttemptError::Tls
-    } else if lower.contains("message head") || lower.contains("invalid http") {
-        // An answer the client cannot read as HTTP (hundreds of headers, a garbled status
-        // line): the connection neither was refused nor broke.
-        AttemptError::Other
-    } else if error.is_connect() || error.is_request() || error.is_body() {
-        AttemptError::Connect
-    } else {
-        AttemptError::Other
-    });
-    (kind, chain)
 }
