@@ -9,12 +9,12 @@ use anyhow::Context;
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use tocsin_storage::{tokens, DbError, Page};
 
+use crate::api::tokens::{CheckedToken, NewToken};
 use crate::config::{
     DeliveriesAction, DeliveriesArgs, MigrateArgs, ParkedAction, ParkedArgs, PruneArgs,
     TokenAction, TokenArgs,
 };
 use crate::error::AdminError;
-use crate::routes::tokens::{CheckedToken, NewToken};
 
 /// Migrates, then connects.
 async fn connect(url: &str) -> anyhow::Result<AsyncPgConnection> {

@@ -5,8 +5,14 @@
 //! webhooks, the delivery log with its Retry button, incidents), rendered by the service itself;
 //! plus `token` subcommands for scripts. Writes that emit events or attempts
 //! go through the transactional outbox; the relay running here publishes them.
+//!
+//! The three surfaces have a module each: `api/` (with `openapi.rs` and `schema.rs`), `pages/`
+//! and `cli.rs`. What more than one of them does lives beside them once: the checks of a
+//! webhook or token (`validation.rs`, `api/tokens.rs`'s `CheckedToken`), the actions that write
+//! (`actions.rs`, `store.rs`).
 
 mod actions;
+mod api;
 mod auth;
 pub mod cli;
 mod config;
@@ -14,7 +20,6 @@ mod error;
 pub mod openapi;
 mod pages;
 mod params;
-mod routes;
 mod schema;
 mod startup;
 mod state;

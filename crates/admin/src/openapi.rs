@@ -12,7 +12,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement
 use utoipa::openapi::{ContentBuilder, Ref, RefOr};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{deliveries, incidents, tokens, webhooks};
+use crate::api::{deliveries, incidents, tokens, webhooks};
 use crate::schema;
 
 /// Name of the admin token's security scheme.

@@ -6,11 +6,11 @@ use actix_web::web;
 use anyhow::Context;
 use tocsin_web::Service;
 
+use crate::api;
 use crate::auth::require_admin_token;
 use crate::config::Config;
 use crate::openapi::{self, OpenApiJson};
 use crate::pages::{self, PagesState};
-use crate::routes;
 use crate::state::AdminState;
 
 /// The running admin service.
@@ -63,7 +63,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             .service(
                 web::scope("/api/v1")
                     .wrap(from_fn(require_admin_token))
-                    .configure(routes::configure)
+                    .configure(api::configure)
                     .default_service(web::to(tocsin_web::error::not_found)),
             )
             .configure(pages::configure);

@@ -12,7 +12,7 @@ use lapin::message::Delivery;
 use time::OffsetDateTime;
 use tocsin_broker::header_str;
 use tocsin_broker::messages::{auto_attempts_of, DeliveryMessage, TRIGGER_HEADER};
-use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger};
+use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger, WaitReason};
 use tocsin_domain::WebhookOrdering;
 use tocsin_storage::attempts::{AttemptResult, Claim, Completion, Job};
 use tocsin_storage::deliveries::{self, Due};
@@ -20,7 +20,7 @@ use tocsin_web::telemetry::RemoteParent;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tracing::Instrument;
 
-use crate::context::{Context, Outcome};
+use crate::context::{Context, Settlement};
 use crate::slots::Slot;
 
 /// Handles a message of the delivery queue: an automatic attempt (a retry, one the sweeper
@@ -37,10 +37,10 @@ pub(crate) async fn handle_delivery(ctx: Arc<Context>, message: Delivery) {
         auto_attempts = (trigger == Trigger::Automatic).then_some(auto_attempts)
     );
     RemoteParent::from_headers(|name| header_str(&message.properties, name)).adopt_by(&span);
-    let outcome = delivery_message(&ctx, &message, trigger, auto_attempts)
+    let settlement = delivery_message(&ctx, &message, trigger, auto_attempts)
         .instrument(span)
         .await;
-    ctx.finish(message, outcome, "deliveries").await;
+    ctx.settle(message, settlement, "deliveries").await;
 }
 
 async fn delivery_message(
@@ -48,7 +48,7 @@ async fn delivery_message(
     message: &Delivery,
     trigger: Trigger,
     auto_attempts: i32,
-) -> Outcome {
+) -> Settlement {
     match DeliveryMessage::from_bytes(&message.data) {
         Ok(parsed) => match trigger {
             Trigger::Manual => {
@@ -61,10 +61,10 @@ async fn delivery_message(
             }
             Trigger::Automatic => match due(ctx, &parsed, auto_attempts).await {
                 Ok(due) => make_due(ctx, due, None).await,
-                Err(outcome) => outcome,
+                Err(settlement) => settlement,
             },
         },
-        Err(error) => Outcome::Park(format!("unreadable delivery message: {error}")),
+        Err(error) => Settlement::Park(format!("unreadable delivery message: {error}")),
     }
 }
 
@@ -75,7 +75,7 @@ async fn due(
     ctx: &Arc<Context>,
     message: &DeliveryMessage,
     auto_attempts: i32,
-) -> Result<Due, Outcome> {
+) -> Result<Due, Settlement> {
     let webhook_id = match message.webhook_id {
         Some(webhook_id) => webhook_id,
         None => {
@@ -88,10 +88,10 @@ async fn due(
                 .await;
             match loaded {
                 Ok(delivery) => delivery.webhook_id,
-                Err(Outcome::Park(reason)) => {
-                    return Err(Outcome::Park(format!("delivery {id}: {reason}")))
+                Err(Settlement::Park(reason)) => {
+                    return Err(Settlement::Park(format!("delivery {id}: {reason}")))
                 }
-                Err(outcome) => return Err(outcome),
+                Err(settlement) => return Err(settlement),
             }
         }
     };
@@ -126,7 +126,7 @@ type Claimed = Option<oneshot::Sender<()>>;
 /// Makes the next automatic attempt of `due` if its webhook has room; otherwise the delivery
 /// is `waiting` until it has. `claimed` is told once the attempt is claimed or the delivery
 /// is waiting.
-pub(crate) async fn make_due(ctx: &Arc<Context>, due: Due, claimed: Claimed) -> Outcome {
+pub(crate) async fn make_due(ctx: &Arc<Context>, due: Due, claimed: Claimed) -> Settlement {
     let Some(slot) = ctx.slots.take(due.webhook_id).await else {
         let outcome = wait(ctx, due).await;
         tell(claimed);
@@ -147,35 +147,40 @@ fn tell(claimed: Claimed) {
 }
 
 #[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %due.delivery_id, webhook_id = %due.webhook_id))]
-async fn wait(ctx: &Arc<Context>, due: Due) -> Outcome {
+async fn wait(ctx: &Arc<Context>, due: Due) -> Settlement {
     match ctx.retry_db(|| ctx.batched.wait(due)).await {
         Ok(true) => {
-            ctx.metrics.waited.inc();
+            ctx.metrics.waited(WaitReason::WebhookBusy).inc();
             tracing::debug!("webhook busy; delivery waiting");
-            Outcome::Done
+            Settlement::Done
         }
         // Moved on meanwhile (a duplicate message): nothing to wait for.
-        Ok(false) => Outcome::Done,
-        Err(outcome) => outcome,
+        Ok(false) => Settlement::Done,
+        Err(settlement) => settlement,
     }
 }
 
 /// Claims, makes and records one attempt. A manual attempt takes no slot of its webhook: an
 /// operator asked for it now.
 #[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %claim.delivery_id, trigger = claim.trigger.as_str(), attempt, webhook_id))]
-async fn make(ctx: &Arc<Context>, claim: Claim, slot: Option<Slot>, claimed: Claimed) -> Outcome {
+async fn make(
+    ctx: &Arc<Context>,
+    claim: Claim,
+    slot: Option<Slot>,
+    claimed: Claimed,
+) -> Settlement {
     let Ok(request) = ctx.requests.clone().acquire_owned().await else {
-        return Outcome::Requeue;
+        return Settlement::Requeue;
     };
     let job = ctx.retry_db(|| ctx.batched.claim(claim)).await;
     tell(claimed);
     let job = match job {
         Ok(Some(job)) => job,
         Ok(None) => return refused(ctx, claim).await,
-        Err(Outcome::Park(reason)) => {
-            return Outcome::Park(format!("delivery {}: {reason}", claim.delivery_id))
+        Err(Settlement::Park(reason)) => {
+            return Settlement::Park(format!("delivery {}: {reason}", claim.delivery_id))
         }
-        Err(outcome) => return outcome,
+        Err(settlement) => return settlement,
     };
     send_and_record(ctx, job, Room::Taken { slot, request }).await
 }
@@ -187,7 +192,7 @@ async fn make(ctx: &Arc<Context>, claim: Claim, slot: Option<Slot>, claimed: Cla
 /// request the other. An attempt that has no room by then is recorded as not sent
 /// ([`AttemptError::NotSent`]) and follows the schedule: no request goes out past its lease.
 #[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %job.delivery.id, attempt = job.number, webhook_id = %job.webhook.id))]
-pub(crate) async fn make_claimed(ctx: &Arc<Context>, job: Job, started: Claimed) -> Outcome {
+pub(crate) async fn make_claimed(ctx: &Arc<Context>, job: Job, started: Claimed) -> Settlement {
     let room = async {
         let slot = ctx.slots.take_in_turn(job.webhook.id).await;
         let request = ctx.requests.clone().acquire_owned().await.ok()?;
@@ -196,7 +201,7 @@ pub(crate) async fn make_claimed(ctx: &Arc<Context>, job: Job, started: Claimed)
     let room = match tokio::time::timeout(job.webhook.retry.timeout(), room).await {
         Ok(Some(room)) => room,
         // The permits are closed: the dispatcher is stopping.
-        Ok(None) => return Outcome::Requeue,
+        Ok(None) => return Settlement::Requeue,
         Err(_) => Room::None,
     };
     tell(started);
@@ -217,7 +222,7 @@ enum Room {
 
 /// Sends a claimed attempt (unless it has no room), records its outcome, and schedules the
 /// next one.
-async fn send_and_record(ctx: &Arc<Context>, job: Job, room: Room) -> Outcome {
+async fn send_and_record(ctx: &Arc<Context>, job: Job, room: Room) -> Settlement {
     tracing::Span::current()
         .record("attempt", job.number)
         .record("webhook_id", tracing::field::display(job.webhook.id));
@@ -267,8 +272,8 @@ async fn send_and_record(ctx: &Arc<Context>, job: Job, room: Room) -> Outcome {
     {
         Ok(Some(completed)) => completed,
         // Recorded as interrupted meanwhile (this dispatcher outlived its lease).
-        Ok(None) => return Outcome::Done,
-        Err(Outcome::Park(reason)) => {
+        Ok(None) => return Settlement::Done,
+        Err(Settlement::Park(reason)) => {
             // This outcome's own error: it fails alone. The attempt stays under way until its
             // lease ends, and the sweeper records it as interrupted.
             tracing::error!(
@@ -277,15 +282,15 @@ async fn send_and_record(ctx: &Arc<Context>, job: Job, room: Room) -> Outcome {
                 %reason,
                 "the attempt's outcome could not be recorded; the sweeper will record it as interrupted"
             );
-            return Outcome::Done;
+            return Settlement::Done;
         }
-        Err(outcome) => return outcome,
+        Err(settlement) => return settlement,
     };
     if sent {
         ctx.health.add(job.webhook.id, &completion.result);
     }
     if !completed.moved {
-        return Outcome::Done;
+        return Settlement::Done;
     }
     if let Some(state) = completed.state.filter(|s| s.is_finished()) {
         ctx.metrics
@@ -314,7 +319,7 @@ async fn send_and_record(ctx: &Arc<Context>, job: Job, room: Room) -> Outcome {
             );
         }
     }
-    Outcome::Done
+    Settlement::Done
 }
 
 /// Starts the delivery that comes next in its incident's order now that `finished` has
@@ -338,13 +343,13 @@ async fn start_next_in_order(ctx: &Arc<Context>, finished: uuid::Uuid) {
 /// A claim its guard refused: a duplicate or late message, or a delivery that can get no more
 /// automatic attempt, which is failed now (its webhook disabled or deleted, its schedule used
 /// up). Its log lines name the delivery themselves: the stage spans are `debug` ones.
-async fn refused(ctx: &Arc<Context>, claim: Claim) -> Outcome {
+async fn refused(ctx: &Arc<Context>, claim: Claim) -> Settlement {
     if claim.trigger == Trigger::Manual {
         tracing::info!(
             delivery_id = %claim.delivery_id,
             "manual attempt refused: the delivery succeeded, or its webhook is disabled or deleted"
         );
-        return Outcome::Done;
+        return Settlement::Done;
     }
     match ctx.retry_db(|| ctx.batched.stop(claim.delivery_id)).await {
         Ok(stopped) => {
@@ -358,9 +363,9 @@ async fn refused(ctx: &Arc<Context>, claim: Claim) -> Outcome {
                     .with_label_values(&[DeliveryState::Failed.as_str()])
                     .inc();
             }
-            Outcome::Done
+            Settlement::Done
         }
-        Err(outcome) => outcome,
+        Err(settlement) => settlement,
     }
 }
 

@@ -28,9 +28,9 @@ use tocsin_web::ssrf::TargetPolicy;
 /// recorded as interrupted by the sweeper.
 pub(crate) const LEASE_MARGIN: Duration = Duration::from_secs(5);
 
-/// What a handler decided about its message.
+/// How a handler settles its message with the broker: ack, park or requeue.
 #[derive(Debug)]
-pub(crate) enum Outcome {
+pub(crate) enum Settlement {
     /// Processed: ack.
     Done,
     /// Cannot be processed: move to the parking queue with this reason, then ack.
@@ -99,7 +99,7 @@ impl Context {
     /// Runs a database operation until it succeeds, waiting out transient failures (PostgreSQL
     /// restarting, a failover) with a backoff of 100 ms doubling to 5 s. A permanent failure is
     /// the message's own: `Park`; a stop while waiting: `Requeue`.
-    pub async fn retry_db<T, F, Fut>(&self, mut operation: F) -> Result<T, Outcome>
+    pub async fn retry_db<T, F, Fut>(&self, mut operation: F) -> Result<T, Settlement>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, DbError>>,
@@ -108,7 +108,7 @@ impl Context {
         loop {
             match self.judge(operation().await, &mut backoff).await {
                 Ok(value) => return Ok(value),
-                Err(Some(outcome)) => return Err(outcome),
+                Err(Some(settlement)) => return Err(settlement),
                 Err(None) => {}
             }
         }
@@ -120,16 +120,18 @@ impl Context {
         &self,
         result: Result<T, DbError>,
         backoff: &mut Duration,
-    ) -> Result<T, Option<Outcome>> {
+    ) -> Result<T, Option<Settlement>> {
         match result {
             Ok(value) => Ok(value),
-            Err(DbError::NotFound) => Err(Some(Outcome::Park("not found in the database".into()))),
+            Err(DbError::NotFound) => {
+                Err(Some(Settlement::Park("not found in the database".into())))
+            }
             Err(error) if !error.is_transient() => {
                 self.metrics
                     .database_errors
                     .with_label_values(&["permanent"])
                     .inc();
-                Err(Some(Outcome::Park(error.to_string())))
+                Err(Some(Settlement::Park(error.to_string())))
             }
             Err(error) => {
                 self.metrics
@@ -138,7 +140,7 @@ impl Context {
                     .inc();
                 tracing::warn!(%error, "database unavailable; waiting");
                 tokio::select! {
-                    _ = self.cancel.cancelled() => return Err(Some(Outcome::Requeue)),
+                    _ = self.cancel.cancelled() => return Err(Some(Settlement::Requeue)),
                     _ = tokio::time::sleep(*backoff) => {}
                 }
                 *backoff = (*backoff * 2).min(Duration::from_secs(5));
@@ -148,14 +150,14 @@ impl Context {
     }
 
     /// Acks, parks or requeues a message.
-    pub async fn finish(&self, message: Delivery, outcome: Outcome, queue: &'static str) {
-        let settled = match outcome {
-            Outcome::Done => message.ack(BasicAckOptions::default()).await.map(|_| ()),
-            Outcome::Park(reason) => {
+    pub async fn settle(&self, message: Delivery, settlement: Settlement, queue: &'static str) {
+        let settled = match settlement {
+            Settlement::Done => message.ack(BasicAckOptions::default()).await.map(|_| ()),
+            Settlement::Park(reason) => {
                 self.park(&message, &reason, queue).await;
                 Ok(())
             }
-            Outcome::Requeue => requeue(&message).await,
+            Settlement::Requeue => requeue(&message).await,
         };
         if let Err(error) = settled {
             // The channel is gone: the broker redelivers the message on its own.

@@ -11,16 +11,17 @@ use std::sync::Arc;
 use lapin::message::Delivery;
 use tocsin_broker::header_str;
 use tocsin_broker::messages::EventMessage;
+use tocsin_domain::delivery::WaitReason;
 use tocsin_storage::attempts::Job;
 use tocsin_storage::fan_out::{FanOut, FannedOut};
 use tocsin_web::telemetry::RemoteParent;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
-use crate::context::{Context, Outcome};
+use crate::context::{Context, Settlement};
 
 pub(crate) async fn handle_event(ctx: Arc<Context>, message: Delivery) {
-    let outcome = match EventMessage::from_bytes(&message.data) {
+    let settlement = match EventMessage::from_bytes(&message.data) {
         Ok(event) => {
             let span = tracing::debug_span!(
                 "fan_out",
@@ -35,14 +36,14 @@ pub(crate) async fn handle_event(ctx: Arc<Context>, message: Delivery) {
                 .instrument(span)
                 .await
         }
-        Err(error) => Outcome::Park(format!("unreadable event message: {error}")),
+        Err(error) => Settlement::Park(format!("unreadable event message: {error}")),
     };
-    ctx.finish(message, outcome, "fanout").await;
+    ctx.settle(message, settlement, "fanout").await;
 }
 
 /// Fans an event out and makes the first attempts, in the `fan_out` span: their spans are its
 /// children.
-async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) -> Outcome {
+async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) -> Settlement {
     let request = FanOut {
         event_id: event.event_id,
         kind: event.event,
@@ -57,17 +58,30 @@ async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) ->
         pending,
         waiting,
         disabled,
+        ordering,
     } = match ctx
         .retry_db(|| ctx.batched.fan_out(request.clone(), room.clone()))
         .await
     {
         Ok(fanned) => fanned,
-        Err(outcome) => return outcome,
+        Err(settlement) => return settlement,
     };
-    let created = claimed.len() + pending.len() + waiting + disabled;
+    let created = claimed.len() + pending.len() + waiting + disabled + ordering;
     ctx.metrics.deliveries_created.inc_by(created as u64);
-    ctx.metrics.waited.inc_by(waiting as u64);
-    tracing::debug!(deliveries = created, waiting, disabled, "fanned out");
+    for (reason, count) in [
+        (WaitReason::WebhookBusy, waiting),
+        (WaitReason::WebhookDisabled, disabled),
+        (WaitReason::Ordering, ordering),
+    ] {
+        ctx.metrics.waited(reason).inc_by(count as u64);
+    }
+    tracing::debug!(
+        deliveries = created,
+        waiting,
+        disabled,
+        ordering,
+        "fanned out"
+    );
     let mut started: Vec<_> = claimed
         .into_iter()
         .map(|job| spawn_claimed(ctx, job))
@@ -80,10 +94,10 @@ async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) ->
     // Acked once every attempt has its slots (its claim is committed already), so that the
     // events in flight bound the attempts waiting in this dispatcher.
     tokio::select! {
-        _ = futures::future::join_all(started) => Outcome::Done,
+        _ = futures::future::join_all(started) => Settlement::Done,
         // Redelivered later: its deliveries not yet attempted are attempted then, and those
         // claimed but not made are recorded as interrupted once their lease ends.
-        _ = ctx.cancel.cancelled() => Outcome::Requeue,
+        _ = ctx.cancel.cancelled() => Settlement::Requeue,
     }
 }
 

@@ -4,7 +4,7 @@ use prometheus::{
     GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry,
 };
-use tocsin_domain::delivery::DeliveryState;
+use tocsin_domain::delivery::{DeliveryState, WaitReason};
 use tocsin_web::metrics::{LAG_BUCKETS, LATENCY_BUCKETS};
 
 #[derive(Clone)]
@@ -17,19 +17,33 @@ pub(crate) struct DispatcherMetrics {
     pub deliveries_finished: IntCounterVec,
     pub parked: IntCounterVec,
     pub swept: IntCounter,
-    pub waited: IntCounter,
+    waited: IntCounterVec,
     pub database_errors: IntCounterVec,
     pub replayed: IntCounter,
     pub queue_messages: IntGaugeVec,
     pub unfinished: IntGaugeVec,
     pub waiting: IntGaugeVec,
-    pub auto_disabled: IntCounter,
+    auto_disabled: IntCounter,
+    /// `tocsin_webhooks_auto_disabled_total`, the counter's name before; exported beside it
+    /// for one release.
+    auto_disabled_formerly: IntCounter,
     pub webhook_failures: IntGaugeVec,
     pub webhook_success_rate: GaugeVec,
     pub webhook_enabled: IntGaugeVec,
 }
 
 impl DispatcherMetrics {
+    /// Counts a webhook the sweeper disabled, under the counter's name and its former one.
+    pub fn auto_disabled(&self) {
+        self.auto_disabled.inc();
+        self.auto_disabled_formerly.inc();
+    }
+
+    /// The count of deliveries this dispatcher made `waiting` for `reason`.
+    pub fn waited(&self, reason: WaitReason) -> prometheus::IntCounter {
+        self.waited.with_label_values(&[reason.as_str()])
+    }
+
     pub fn new(registry: &Registry) -> anyhow::Result<Self> {
         let attempts = IntCounterVec::new(
             Opts::new(
@@ -90,9 +104,12 @@ impl DispatcherMetrics {
             "tocsin_dispatcher_replayed_total",
             "Deliveries created by this pod's replay pass (past events given to a webhook).",
         )?;
-        let waited = IntCounter::new(
-            "tocsin_dispatcher_waited_total",
-            "Deliveries that became waiting because their webhook had TOCSIN_WEBHOOK_CONCURRENCY requests in flight in this dispatcher.",
+        let waited = IntCounterVec::new(
+            Opts::new(
+                "tocsin_dispatcher_waited_total",
+                "Deliveries this dispatcher made waiting, by wait reason: at fan-out (webhook_busy, webhook_disabled, ordering) or when their attempt fell due (webhook_busy).",
+            ),
+            &["reason"],
         )?;
         let queue_messages = IntGaugeVec::new(
             Opts::new(
@@ -116,8 +133,12 @@ impl DispatcherMetrics {
             &["reason"],
         )?;
         let auto_disabled = IntCounter::new(
+            "tocsin_dispatcher_auto_disabled_total",
+            "Webhooks this dispatcher's sweeper disabled because they failed without a success for TOCSIN_AUTO_DISABLE_AFTER.",
+        )?;
+        let auto_disabled_formerly = IntCounter::new(
             "tocsin_webhooks_auto_disabled_total",
-            "Webhooks disabled because they failed without a success for TOCSIN_AUTO_DISABLE_AFTER.",
+            "The former name of tocsin_dispatcher_auto_disabled_total, exported beside it for one release.",
         )?;
         let webhook_failures = IntGaugeVec::new(
             Opts::new(
@@ -141,6 +162,7 @@ impl DispatcherMetrics {
             &["webhook_id"],
         )?;
         registry.register(Box::new(auto_disabled.clone()))?;
+        registry.register(Box::new(auto_disabled_formerly.clone()))?;
         registry.register(Box::new(webhook_failures.clone()))?;
         registry.register(Box::new(webhook_success_rate.clone()))?;
         registry.register(Box::new(webhook_enabled.clone()))?;
@@ -166,6 +188,13 @@ impl DispatcherMetrics {
         for queue in ["fanout", "deliveries"] {
             parked.with_label_values(&[queue]);
         }
+        for reason in [
+            WaitReason::WebhookBusy,
+            WaitReason::WebhookDisabled,
+            WaitReason::Ordering,
+        ] {
+            waited.with_label_values(&[reason.as_str()]);
+        }
         Ok(DispatcherMetrics {
             attempts,
             attempt_duration,
@@ -182,6 +211,7 @@ impl DispatcherMetrics {
             unfinished,
             waiting,
             auto_disabled,
+            auto_disabled_formerly,
             webhook_failures,
             webhook_success_rate,
             webhook_enabled,

@@ -60,7 +60,7 @@ pub(crate) async fn run(
 async fn auto_disable(ctx: &Context, after: Duration) -> anyhow::Result<()> {
     let mut conn = ctx.pool.get().await.map_err(DbError::from)?;
     for disabled in tocsin_storage::health::auto_disable(&mut conn, after).await? {
-        ctx.metrics.auto_disabled.inc();
+        ctx.metrics.auto_disabled();
         tracing::warn!(
             webhook_id = %disabled.webhook_id,
             reason = %disabled.reason,

@@ -41,10 +41,12 @@ pub struct FannedOut {
     /// Deliveries created `pending` (the caller did not ask for claims), or, for a redelivered
     /// event, still waiting for their first attempt: the caller claims and makes them.
     pub pending: Vec<Due>,
-    /// Deliveries created `waiting`: their webhooks had no room in the caller.
+    /// Deliveries created `waiting` (`webhook_busy`): their webhooks had no room in the caller.
     pub waiting: usize,
-    /// Deliveries created `waiting` because their webhooks are disabled.
+    /// Deliveries created `waiting` because their webhooks are disabled (`webhook_disabled`).
     pub disabled: usize,
+    /// Deliveries created `waiting` for an earlier delivery of their incident (`ordering`).
+    pub ordering: usize,
 }
 
 /// How a fan-out starts the deliveries it creates.
@@ -114,10 +116,10 @@ pub async fn fan_out(
         };
         let delivery: Delivery = row.delivery.clone().try_into()?;
         if delivery.state == DeliveryState::Waiting {
-            if delivery.wait_reason == Some(WaitReason::WebhookDisabled) {
-                results[index].disabled += 1;
-            } else {
-                results[index].waiting += 1;
+            match delivery.wait_reason {
+                Some(WaitReason::WebhookDisabled) => results[index].disabled += 1,
+                Some(WaitReason::Ordering) => results[index].ordering += 1,
+                _ => results[index].waiting += 1,
             }
         } else if delivery.attempt_count == 1 {
             results[index]

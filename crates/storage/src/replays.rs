@@ -160,7 +160,7 @@ pub async fn advance(
             .collect();
         let created: usize = fanned
             .iter()
-            .map(|f| f.pending.len() + f.waiting + f.disabled)
+            .map(|f| f.pending.len() + f.waiting + f.disabled + f.ordering)
             .sum();
         outbox::enqueue_automatic(conn, &due).await?;
         let finished = (rows.len() as i64) < page;

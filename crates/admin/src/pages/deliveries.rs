@@ -20,9 +20,9 @@ use super::templates::{
 use super::webhook_href;
 use super::{given, notice, query_string, redirect, render, PageError};
 use crate::actions;
+use crate::api::deliveries::RetryAccepted;
 use crate::error::{AdminError, OrNotFound};
 use crate::params::{page, param};
-use crate::routes::deliveries::RetryAccepted;
 use crate::state::AdminState;
 
 /// Filters, paging and the notice of a delivery log page. Empty values mean "any".

@@ -13,9 +13,9 @@ use uuid::Uuid;
 use super::session::{Session, SignedForm};
 use super::templates::{Layout, SelectOption, When};
 use super::{given, notice, query_string, redirect, render, PageError};
+use crate::api::tokens::{CheckedToken, NewToken};
 use crate::error::{AdminError, OrNotFound};
 use crate::params::page;
-use crate::routes::tokens::{CheckedToken, NewToken};
 use crate::state::AdminState;
 
 /// One token in the list.

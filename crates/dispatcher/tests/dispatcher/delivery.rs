@@ -534,7 +534,7 @@ async fn a_webhook_at_its_in_flight_limit_leaves_deliveries_waiting_in_the_log()
     let text = common::metrics(port).await;
     let waited: u64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("tocsin_dispatcher_waited_total "))
+        .find_map(|l| l.strip_prefix("tocsin_dispatcher_waited_total{reason=\"webhook_busy\"} "))
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     assert!(waited >= 10, "waiting deliveries counted: {waited}");

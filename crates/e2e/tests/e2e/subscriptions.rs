@@ -188,7 +188,8 @@ async fn a_failing_webhook_shows_its_health_is_disabled_automatically_and_recove
     assert!(disabled["disabled_at"].is_string());
     let metrics = system.metrics(&system.dispatcher).await;
     assert!(
-        metrics.contains("tocsin_webhooks_auto_disabled_total 1"),
+        metrics.contains("tocsin_dispatcher_auto_disabled_total 1")
+            && metrics.contains("tocsin_webhooks_auto_disabled_total 1"),
         "{metrics}"
     );
     wait_until("the health gauge of the webhook", DEADLINE, || async {

@@ -14,16 +14,16 @@
 //! server accepting connections again; where nothing is brought back before the system must go
 //! on, the kill itself) to the first delivery, at the healthy webhook, of an alert first sent
 //! after that moment. Each scenario prints its row of the fault table and writes it
-//! for `deploy/local/test`, which prints the whole table after the suite ([`outcome::record`]).
+//! for `deploy/local/test`, which prints the whole table after the suite ([`tally::record`]).
 //!
 //! These tests stop and restart the shared PostgreSQL and RabbitMQ, or start a RabbitMQ cluster
 //! and a PostgreSQL pair of their own: `deploy/local/test` runs them after every other test,
 //! one at a time.
 
 mod cluster;
-mod outcome;
 mod stream;
 mod system;
+mod tally;
 
 use std::time::{Duration, Instant};
 
@@ -47,9 +47,9 @@ async fn finish(
 ) {
     stream.wait_more(ALERTS_AFTER).await;
     let accepted = stream.finish().await;
-    let outcome = outcome::settle(&system, &accepted).await;
-    outcome::record(order, scenario, &outcome, recovery);
-    outcome::check(scenario, &outcome);
+    let tally = tally::settle(&system, &accepted).await;
+    tally::record(order, scenario, &tally, recovery);
+    tally::check(scenario, &tally);
     system.assert_no_secrets_leaked().await;
     system.stop();
 }

@@ -17,7 +17,7 @@ const SETTLE_DEADLINE: Duration = Duration::from_secs(240);
 pub const HEADER: &str = "| scenario | accepted | delivered | lost | duplicates | unlogged requests | recovery s |\n|---|---|---|---|---|---|---|";
 
 #[derive(Debug, Default, Clone)]
-pub struct Outcome {
+pub struct Tally {
     /// Alerts answered 202.
     pub accepted: usize,
     /// Deliveries (accepted alerts × webhooks) whose receiver got at least one request.
@@ -36,29 +36,29 @@ pub struct Outcome {
 
 /// Waits until every accepted alert reached every receiver and every delivery is final (or the
 /// deadline passed), then counts.
-pub async fn settle(system: &System, accepted: &[usize]) -> Outcome {
+pub async fn settle(system: &System, accepted: &[usize]) -> Tally {
     let deadline = Instant::now() + SETTLE_DEADLINE;
     let mut poll = tokio::time::interval(Duration::from_millis(500));
     loop {
         poll.tick().await;
-        let outcome = count(system, accepted).await;
-        if let Some(outcome) = &outcome {
-            if outcome.lost == 0 && outcome.unfinished == 0 {
-                return outcome.clone();
+        let tally = count(system, accepted).await;
+        if let Some(tally) = &tally {
+            if tally.lost == 0 && tally.unfinished == 0 {
+                return tally.clone();
             }
         }
-        // Past the deadline the outcome is returned unsettled, so that its row is still
+        // Past the deadline the tally is returned unsettled, so that its row is still
         // recorded before `check` fails on it.
         if Instant::now() > deadline {
-            return outcome.expect("admin answers the delivery log");
+            return tally.expect("admin answers the delivery log");
         }
     }
 }
 
-async fn count(system: &System, accepted: &[usize]) -> Option<Outcome> {
-    let mut outcome = Outcome {
+async fn count(system: &System, accepted: &[usize]) -> Option<Tally> {
+    let mut tally = Tally {
         accepted: accepted.len(),
-        ..Outcome::default()
+        ..Tally::default()
     };
     for target in &system.targets {
         let log = system.deliveries(&target.webhook).await?;
@@ -70,9 +70,9 @@ async fn count(system: &System, accepted: &[usize]) -> Option<Outcome> {
         }
         let seen: HashSet<usize> = requests.iter().filter_map(alert_index).collect();
         let missing = accepted.iter().filter(|i| !seen.contains(i)).count();
-        outcome.lost += missing;
-        outcome.delivered += accepted.len() - missing;
-        outcome.unfinished += log
+        tally.lost += missing;
+        tally.delivered += accepted.len() - missing;
+        tally.unfinished += log
             .values()
             .filter(|(state, attempts)| match target.expect {
                 Expect::Succeeded => state != "succeeded",
@@ -81,12 +81,12 @@ async fn count(system: &System, accepted: &[usize]) -> Option<Outcome> {
             .count();
         for (id, requests) in &by_id {
             let logged = log.get(id).map_or(0, |(_, attempts)| *attempts as usize);
-            outcome.unlogged += requests.len().saturating_sub(logged);
+            tally.unlogged += requests.len().saturating_sub(logged);
             let ok = requests
                 .iter()
                 .filter(|r| r.answered.is_some_and(|s| (200..300).contains(&s)))
                 .count();
-            outcome.duplicates += ok.saturating_sub(1);
+            tally.duplicates += ok.saturating_sub(1);
         }
         // Attempts logged whose request never arrived: an attempt interrupted before its
         // request left, or one that failed to connect. Shown, not counted.
@@ -94,26 +94,26 @@ async fn count(system: &System, accepted: &[usize]) -> Option<Outcome> {
             .iter()
             .filter(|(id, (_, attempts))| by_id.get(*id).map_or(0, Vec::len) < *attempts as usize)
             .count();
-        outcome.notes.push(format!(
+        tally.notes.push(format!(
             "{}: {} deliveries logged, {} requests, {missing} alerts missing, {short} deliveries with fewer requests than attempts",
             target.name,
             log.len(),
             requests.len(),
         ));
     }
-    Some(outcome)
+    Some(tally)
 }
 
 /// Prints the scenario's row of the fault table and writes it where `deploy/local/test`
 /// gathers the rows into one table: `TOCSIN_FAULT_TABLE` (a folder), or `fault-table` in the
 /// target's temporary folder. `order` places the row.
-pub fn record(order: u8, scenario: &str, outcome: &Outcome, recovery: Option<Duration>) {
+pub fn record(order: u8, scenario: &str, tally: &Tally, recovery: Option<Duration>) {
     let recovery = recovery.map_or("–".to_owned(), |d| format!("{:.1}", d.as_secs_f64()));
     let row = format!(
         "| {scenario} | {} | {} | {} | {} | {} | {recovery} |",
-        outcome.accepted, outcome.delivered, outcome.lost, outcome.duplicates, outcome.unlogged,
+        tally.accepted, tally.delivered, tally.lost, tally.duplicates, tally.unlogged,
     );
-    eprintln!("{HEADER}\n{row}\n{}", outcome.notes.join("\n"));
+    eprintln!("{HEADER}\n{row}\n{}", tally.notes.join("\n"));
     let folder = std::env::var_os("TOCSIN_FAULT_TABLE")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fault-table"));
@@ -123,14 +123,14 @@ pub fn record(order: u8, scenario: &str, outcome: &Outcome, recovery: Option<Dur
 }
 
 /// Nothing lost, nothing unfinished, no request the delivery log does not show.
-pub fn check(scenario: &str, outcome: &Outcome) {
-    assert_eq!(outcome.lost, 0, "{scenario}: lost deliveries: {outcome:?}");
+pub fn check(scenario: &str, tally: &Tally) {
+    assert_eq!(tally.lost, 0, "{scenario}: lost deliveries: {tally:?}");
     assert_eq!(
-        outcome.unfinished, 0,
-        "{scenario}: unfinished deliveries: {outcome:?}"
+        tally.unfinished, 0,
+        "{scenario}: unfinished deliveries: {tally:?}"
     );
     assert_eq!(
-        outcome.unlogged, 0,
-        "{scenario}: requests the delivery log does not show: {outcome:?}"
+        tally.unlogged, 0,
+        "{scenario}: requests the delivery log does not show: {tally:?}"
     );
 }
