@@ -23,8 +23,10 @@ use crate::metrics::DispatcherMetrics;
 use crate::slots::WebhookSlots;
 use tocsin_web::ssrf::TargetPolicy;
 
-/// How much longer than its webhook's timeout an automatic attempt's lease lasts: time to
-/// record its outcome. An attempt whose dispatcher has not recorded it when its lease ends is
+/// The margin of every lease beyond the request's own time, for recording the outcome: an
+/// automatic attempt's lease is its webhook's timeout plus this (twice the timeout plus this
+/// for a first attempt the fan-out claims), and a manual attempt is taken for interrupted this
+/// long after the longest timeout. An attempt whose dispatcher has not recorded it by then is
 /// recorded as interrupted by the sweeper.
 pub(crate) const LEASE_MARGIN: Duration = Duration::from_secs(5);
 

@@ -1,7 +1,8 @@
 //! `tocsin-ingest`: the inbound alert endpoint, `POST /api/v1/webhooks/alerts`, and the
 //! Opsgenie-style Alert API under `/api/v1/webhooks/alerts/opsgenie/`.
 //! Monitoring tools post their alerts here with an inbound token; each body becomes incident
-//! changes and their events, committed in one transaction with the outbox.
+//! changes and their events, committed with their outbox rows before the answer (a batch that
+//! only opens incidents in one statement, any other in one transaction).
 
 mod batched;
 mod config;

@@ -129,12 +129,12 @@ impl From<IngestError> for ApiError {
             IngestError::Storage(error) => {
                 // This alert's own error (the database refused what it holds): trying it again
                 // would fail again, so no `Retry-After`; the other alerts of its batch went on.
-                tracing::error!(%error, "an alert could not be stored; nothing of it was recorded");
+                tracing::error!(%error, "an alert could not be stored");
                 ApiError::new(
                     actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
                     "alert_not_stored",
                     format!(
-                        "the database refused this alert, and nothing of it was recorded: {error}"
+                        "the database refused this alert: {error}. Of an alert with several instructions, the incidents it opens may be recorded before the refusal; sent again, nothing is applied twice"
                     ),
                 )
             }

@@ -1,5 +1,7 @@
-//! Incidents: applying alert signals and status changes, each in one transaction with the
-//! events it emits (transactional outbox), and reading them back.
+//! Incidents: applying alert signals and status changes, each committed with the events it
+//! emits and their outbox rows (the transactional outbox), and reading them back. A batch of
+//! signals that only open incidents is one statement; the keys among them that had an open
+//! incident already, and any other batch, are one transaction.
 
 use std::collections::BTreeMap;
 

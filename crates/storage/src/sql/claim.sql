@@ -23,7 +23,8 @@
 -- An automatic attempt of a webhook that receives each incident's events in order
 -- (`ordering = 'incident'`) is admitted only once every earlier delivery of its incident to the
 -- webhook (by the events' `seq`) has finished; until then the delivery waits (`ordering`), and
--- the claim of the delivery that finishes the one before it, or the waiting pass, takes it.
+-- the dispatcher that records the outcome finishing the one before it (`next_in_order.sql`),
+-- or the waiting pass, takes it.
 --
 -- A manual attempt is admitted for an enabled, undeleted webhook's delivery unless it has
 -- succeeded, and only while a manual attempt is asked for (`manual_requested`, set by the
