@@ -3,7 +3,8 @@
 //! that header may use, when the token opts in, HTTP basic authentication with the token as
 //! password (`https://tocsin:<token>@host/...`, whatever the user name) or the `token` query
 //! parameter. Opsgenie-style senders' `Authorization: GenieKey <token>` is a header like Bearer.
-//! A token with a signing secret also needs the source's signature of the body.
+//! A token with a signing secret, or with `sns_signature`, also needs its source's signature of
+//! the body ([`signed`]).
 //!
 //! Credentials never leave this module: they are not logged, not put in spans or metrics, and
 //! every refusal looks the same to the client.
@@ -16,6 +17,8 @@ use serde::Deserialize;
 use tocsin_domain::alerts::{sentry_signature_matches, SENTRY_SIGNATURE_HEADER};
 use tocsin_domain::AccessToken;
 use tocsin_storage::tokens::LiveToken;
+
+use crate::sns::{SignatureError, Sns};
 
 /// How the token came.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,17 +79,31 @@ pub fn accepts(token: &LiveToken, via: Via) -> bool {
     }
 }
 
-/// Whether the body carries the signature the token asks for: always true for a token without
-/// a signing secret; for a Sentry token with one, `Sentry-Hook-Signature` must be the HMAC of
-/// the body with it.
-pub fn signed(token: &LiveToken, req: &HttpRequest, body: &[u8]) -> bool {
-    let Some(secret) = &token.signing_secret else {
-        return true;
-    };
-    req.headers()
-        .get(SENTRY_SIGNATURE_HEADER)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|signature| sentry_signature_matches(secret.expose(), body, signature))
+/// Whether the body carries the signature the token asks for, if it asks for one: for a Sentry
+/// token with a signing secret, `Sentry-Hook-Signature` must be the HMAC of the body with it;
+/// for a token with `sns_signature`, the body must be an SNS message SNS signed.
+pub async fn signed(
+    token: &LiveToken,
+    req: &HttpRequest,
+    body: &[u8],
+    sns: &Sns,
+) -> Result<(), SignatureError> {
+    if let Some(secret) = &token.signing_secret {
+        let matches = req
+            .headers()
+            .get(SENTRY_SIGNATURE_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|signature| sentry_signature_matches(secret.expose(), body, signature));
+        if !matches {
+            return Err(SignatureError::Refused(
+                "Sentry-Hook-Signature is missing or does not match".into(),
+            ));
+        }
+    }
+    if token.sns_signature {
+        sns.verify(body).await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -199,14 +216,22 @@ mod tests {
         assert!(accepts(&live(false, true), Via::Query));
     }
 
-    #[test]
-    fn a_signing_secret_requires_the_signature() {
+    #[tokio::test]
+    async fn a_signing_secret_requires_the_signature() {
+        let sns = Sns::new(
+            crate::sns::SnsHosts::parse("").unwrap(),
+            tocsin_web::ssrf::TargetPolicy::default(),
+        )
+        .unwrap();
+        let signed = async |token: &LiveToken, req: &HttpRequest, body: &[u8]| {
+            signed(token, req, body, &sns).await.is_ok()
+        };
         let body = br#"{"action":"triggered"}"#;
         let mut token = live(false, false);
         let unsigned = TestRequest::default().to_http_request();
-        assert!(signed(&token, &unsigned, body));
+        assert!(signed(&token, &unsigned, body).await);
         token.signing_secret = Some(SigningSecret::parse("secret").unwrap());
-        assert!(!signed(&token, &unsigned, body));
+        assert!(!signed(&token, &unsigned, body).await);
         let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"secret");
         let signature: String = ring::hmac::sign(&key, body)
             .as_ref()
@@ -216,7 +241,7 @@ mod tests {
         let good = TestRequest::default()
             .insert_header((SENTRY_SIGNATURE_HEADER, signature.clone()))
             .to_http_request();
-        assert!(signed(&token, &good, body));
-        assert!(!signed(&token, &good, b"{}"));
+        assert!(signed(&token, &good, body).await);
+        assert!(!signed(&token, &good, b"{}").await);
     }
 }

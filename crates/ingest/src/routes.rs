@@ -408,20 +408,17 @@ async fn handle(
             BodyError::TooLarge { limit } => IngestError::TooLarge { limit },
             BodyError::Read(message) => IngestError::Read(message),
         })?;
-    if !credentials::signed(&token, req, &body) {
-        return Err(IngestError::Unauthorized);
-    }
-    if token.sns_signature {
-        state.sns.verify(&body).await.map_err(|error| match error {
+    credentials::signed(&token, req, &body, &state.sns)
+        .await
+        .map_err(|error| match error {
             SignatureError::Refused(reason) => {
-                tracing::warn!(%reason, "an SNS message's signature was refused");
+                tracing::warn!(%reason, "a body's signature was refused");
                 IngestError::Unauthorized
             }
             unavailable @ SignatureError::Unavailable(_) => {
                 IngestError::SnsCertificate(unavailable.to_string())
             }
         })?;
-    }
     let parsed = match call {
         Call::Alerts { .. } | Call::OpsgenieCreate => alerts::parse(&body, format)?,
         Call::OpsgenieAction {

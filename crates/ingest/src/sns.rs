@@ -138,9 +138,9 @@ pub struct Sns {
     hosts: SnsHosts,
     policy: Arc<TargetPolicy>,
     client: reqwest::Client,
-    /// Public keys by certificate URL: SNS signs with few certificates and changes them
-    /// rarely. Emptied when full.
-    keys: Arc<Mutex<HashMap<String, Arc<Vec<u8>>>>>,
+    /// Public keys by certificate URL, with when their certificate expires: SNS signs with few
+    /// certificates and changes them rarely. Emptied when full.
+    keys: Arc<Mutex<HashMap<String, CertificateKey>>>,
 }
 
 impl Sns {
@@ -197,10 +197,18 @@ impl Sns {
             .map_err(|_| SignatureError::Refused("the signature does not verify".into()))
     }
 
-    /// The public key of the certificate at `cert_url`, fetched once.
+    /// The public key of the certificate at `cert_url`, fetched once and kept until the
+    /// certificate expires.
     async fn public_key(&self, cert_url: &str) -> Result<Arc<Vec<u8>>, SignatureError> {
-        if let Some(key) = self.keys.lock().expect("keys lock").get(cert_url) {
-            return Ok(key.clone());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| {
+                i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
+            });
+        if let Some(kept) = self.keys.lock().expect("keys lock").get(cert_url) {
+            if now < kept.expires {
+                return Ok(kept.key.clone());
+            }
         }
         let url = Url::parse(cert_url)
             .ok()
@@ -211,12 +219,13 @@ impl Sns {
                 )
             })?;
         let pem = self.get(url).await.map_err(SignatureError::Unavailable)?;
-        let key = Arc::new(certificate_key(&pem).map_err(SignatureError::Refused)?);
+        let kept = certificate_key(&pem).map_err(SignatureError::Refused)?;
+        let key = kept.key.clone();
         let mut keys = self.keys.lock().expect("keys lock");
         if keys.len() >= KEPT_KEYS {
             keys.clear();
         }
-        keys.insert(cert_url.to_owned(), key.clone());
+        keys.insert(cert_url.to_owned(), kept);
         Ok(key)
     }
 
@@ -305,8 +314,15 @@ fn string_to_sign(message: &Map<String, Value>) -> Result<Vec<u8>, String> {
     Ok(text.into_bytes())
 }
 
+/// A certificate's public key, and when the certificate expires (Unix seconds).
+#[derive(Clone)]
+struct CertificateKey {
+    key: Arc<Vec<u8>>,
+    expires: i64,
+}
+
 /// The RSA public key of a PEM certificate that is valid now.
-fn certificate_key(pem: &[u8]) -> Result<Vec<u8>, String> {
+fn certificate_key(pem: &[u8]) -> Result<CertificateKey, String> {
     let (_, pem) = x509_parser::pem::parse_x509_pem(pem)
         .map_err(|_| "the signing certificate is not PEM".to_owned())?;
     let certificate = pem
@@ -315,7 +331,10 @@ fn certificate_key(pem: &[u8]) -> Result<Vec<u8>, String> {
     if !certificate.validity().is_valid() {
         return Err("the signing certificate has expired or is not yet valid".into());
     }
-    Ok(certificate.public_key().subject_public_key.data.to_vec())
+    Ok(CertificateKey {
+        key: Arc::new(certificate.public_key().subject_public_key.data.to_vec()),
+        expires: certificate.validity().not_after.timestamp(),
+    })
 }
 
 /// The innermost cause of a request error, without the URL reqwest puts in its own message.
@@ -408,6 +427,17 @@ mod tests {
         number.insert("MessageId".into(), Value::from(7));
         assert_eq!(string_to_sign(&number).unwrap_err(), "MessageId is missing");
         assert!(string_to_sign(&message(r#"{"Type":"Other"}"#)).is_err());
+    }
+
+    #[test]
+    fn a_certificate_gives_its_key_and_when_it_expires() {
+        let pem = include_bytes!("../tests/ingest/sns-signing/certificate.pem");
+        let kept = certificate_key(pem).unwrap();
+        assert!(!kept.key.is_empty());
+        // The test certificate is valid for 100 years from its making (2026-11-26).
+        let year = 365 * 24 * 3600;
+        assert!(kept.expires > 1_795_000_000 + 90 * year, "{}", kept.expires);
+        assert!(certificate_key(b"not a certificate").is_err());
     }
 
     #[test]

@@ -92,12 +92,6 @@ mod tests {
     const TRIGGERED: &str = include_str!("../../tests/fixtures/alerts/datadog-triggered.json");
     const RECOVERED: &str = include_str!("../../tests/fixtures/alerts/datadog-recovered.json");
 
-    fn triggered_with(field: &str, new: Value) -> Value {
-        let mut value = fixture(TRIGGERED);
-        value[field] = new;
-        value
-    }
-
     #[test]
     fn triggered_opens_and_recovered_resolves_the_same_key() {
         let open = one(parse, fixture(TRIGGERED));
@@ -140,7 +134,7 @@ mod tests {
             "Re-No Data",
             "Renotify",
         ] {
-            let value = triggered_with("transition", json!(transition));
+            let value = with_pointer(fixture(TRIGGERED), "/transition", json!(transition));
             assert_eq!(
                 one(parse, value).action,
                 AlertAction::Trigger,
@@ -148,7 +142,11 @@ mod tests {
             );
         }
         assert_eq!(
-            error(parse, triggered_with("transition", json!("Escalated"))).0,
+            error(
+                parse,
+                with_pointer(fixture(TRIGGERED), "/transition", json!("Escalated"))
+            )
+            .0,
             "transition"
         );
     }
@@ -156,10 +154,10 @@ mod tests {
     #[test]
     fn severity_from_priority_else_alert_type() {
         for (priority, expected) in [("P1", Severity::SEV1), ("p5", Severity::SEV5)] {
-            let value = triggered_with("priority", json!(priority));
+            let value = with_pointer(fixture(TRIGGERED), "/priority", json!(priority));
             assert_eq!(one(parse, value).severity, expected);
         }
-        let no_priority = triggered_with("priority", json!(""));
+        let no_priority = with_pointer(fixture(TRIGGERED), "/priority", json!(""));
         assert_eq!(one(parse, no_priority.clone()).severity, Severity::SEV2);
         let mut warning = no_priority;
         warning["alert_type"] = json!("warning");
@@ -167,7 +165,11 @@ mod tests {
         warning["alert_type"] = json!("other");
         assert_eq!(one(parse, warning).severity, Severity::DEFAULT);
         assert_eq!(
-            error(parse, triggered_with("priority", json!("high"))).0,
+            error(
+                parse,
+                with_pointer(fixture(TRIGGERED), "/priority", json!("high"))
+            )
+            .0,
             "priority"
         );
     }
@@ -180,7 +182,14 @@ mod tests {
                 field
             );
         }
-        assert_eq!(error(parse, triggered_with("tags", json!(["a"]))).0, "tags");
+        assert_eq!(
+            error(
+                parse,
+                with_pointer(fixture(TRIGGERED), "/tags", json!(["a"]))
+            )
+            .0,
+            "tags"
+        );
         assert_eq!(error(parse, json!("x")).0, "body");
     }
 }

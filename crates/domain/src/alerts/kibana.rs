@@ -78,12 +78,6 @@ mod tests {
     const ACTIVE: &str = include_str!("../../tests/fixtures/alerts/kibana-active.json");
     const RECOVERED: &str = include_str!("../../tests/fixtures/alerts/kibana-recovered.json");
 
-    fn active_with(field: &str, new: Value) -> Value {
-        let mut value = fixture(ACTIVE);
-        value[field] = new;
-        value
-    }
-
     #[test]
     fn an_active_alert_opens_and_its_recovery_resolves() {
         let open = one(parse, fixture(ACTIVE));
@@ -121,7 +115,7 @@ mod tests {
 
     #[test]
     fn alerts_of_a_group_are_named_in_the_title_and_key() {
-        let value = active_with("alert_id", json!("checkout-db-2"));
+        let value = with_pointer(fixture(ACTIVE), "/alert_id", json!("checkout-db-2"));
         let signal = one(parse, value);
         assert_eq!(signal.title.as_str(), "Checkout error logs (checkout-db-2)");
         assert!(signal.dedup_key.ends_with(":checkout-db-2"));
@@ -129,12 +123,16 @@ mod tests {
 
     #[test]
     fn severity_from_the_field_else_the_action_group() {
-        let mut value = active_with("severity", json!(""));
+        let mut value = with_pointer(fixture(ACTIVE), "/severity", json!(""));
         assert_eq!(one(parse, value.clone()).severity, Severity::DEFAULT);
         value["action_group"] = json!("critical");
         assert_eq!(one(parse, value).severity, Severity::SEV1);
         assert_eq!(
-            error(parse, active_with("severity", json!("purple"))).0,
+            error(
+                parse,
+                with_pointer(fixture(ACTIVE), "/severity", json!("purple"))
+            )
+            .0,
             "severity"
         );
     }
@@ -144,6 +142,9 @@ mod tests {
         for field in ["rule_id", "alert_id", "rule_name", "action_group"] {
             assert_eq!(error(parse, without(fixture(ACTIVE), "", field)).0, field);
         }
-        assert_eq!(error(parse, active_with("tags", json!(1))).0, "tags");
+        assert_eq!(
+            error(parse, with_pointer(fixture(ACTIVE), "/tags", json!(1))).0,
+            "tags"
+        );
     }
 }

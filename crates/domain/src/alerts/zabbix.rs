@@ -112,12 +112,6 @@ mod tests {
     const ACKNOWLEDGED: &str = include_str!("../../tests/fixtures/alerts/zabbix-acknowledged.json");
     const RESOLVED: &str = include_str!("../../tests/fixtures/alerts/zabbix-resolved.json");
 
-    fn problem_with(field: &str, new: Value) -> Value {
-        let mut value = fixture(PROBLEM);
-        value[field] = new;
-        value
-    }
-
     #[test]
     fn a_problem_opens_its_acknowledgement_acknowledges_and_its_recovery_resolves() {
         let open = one(parse, fixture(PROBLEM));
@@ -168,12 +162,16 @@ mod tests {
             ("closed", AlertAction::Resolve),
         ];
         for (update, expected) in cases {
-            let mut value = problem_with("event_update_status", json!("1"));
+            let mut value = with_pointer(fixture(PROBLEM), "/event_update_status", json!("1"));
             value["event_update_action"] = json!(update);
             assert_eq!(one(parse, value).action, expected, "{update}");
         }
         // Not an update: an unexpanded macro.
-        let mut value = problem_with("event_update_status", json!("{EVENT.UPDATE.STATUS}"));
+        let mut value = with_pointer(
+            fixture(PROBLEM),
+            "/event_update_status",
+            json!("{EVENT.UPDATE.STATUS}"),
+        );
         value["event_update_action"] = json!("{EVENT.UPDATE.ACTION}");
         assert_eq!(one(parse, value).action, AlertAction::Trigger);
     }
@@ -190,12 +188,20 @@ mod tests {
         ];
         for (level, expected) in cases {
             assert_eq!(
-                one(parse, problem_with("event_nseverity", json!(level))).severity,
+                one(
+                    parse,
+                    with_pointer(fixture(PROBLEM), "/event_nseverity", json!(level))
+                )
+                .severity,
                 expected
             );
         }
         assert_eq!(
-            one(parse, problem_with("event_nseverity", json!(5))).severity,
+            one(
+                parse,
+                with_pointer(fixture(PROBLEM), "/event_nseverity", json!(5))
+            )
+            .severity,
             Severity::SEV1
         );
     }
@@ -206,14 +212,20 @@ mod tests {
             assert_eq!(error(parse, without(fixture(PROBLEM), "", field)).0, field);
         }
         let cases = [
-            (problem_with("event_value", json!("2")), "event_value"),
             (
-                problem_with("event_nseverity", json!("6")),
+                with_pointer(fixture(PROBLEM), "/event_value", json!("2")),
+                "event_value",
+            ),
+            (
+                with_pointer(fixture(PROBLEM), "/event_nseverity", json!("6")),
                 "event_nseverity",
             ),
-            (problem_with("event_tags", json!({})), "event_tags"),
             (
-                problem_with("event_tags", json!([{"value": "x"}])),
+                with_pointer(fixture(PROBLEM), "/event_tags", json!({})),
+                "event_tags",
+            ),
+            (
+                with_pointer(fixture(PROBLEM), "/event_tags", json!([{"value": "x"}])),
                 "event_tags[0].tag",
             ),
         ];

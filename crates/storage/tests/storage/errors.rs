@@ -61,16 +61,22 @@ async fn the_items_own_errors_are_permanent() {
 async fn outages_and_lost_races_are_transient() {
     let db = TestDb::new().await;
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    // A statement timeout, and a lock not available.
+    // A statement timeout (the statement waits for a lock another session holds), and a lock
+    // not available.
+    let mut holder = AsyncPgConnection::establish(&db.url).await.unwrap();
+    holder
+        .batch_execute("SELECT pg_advisory_lock(7), pg_advisory_lock(8)")
+        .await
+        .unwrap();
     conn.batch_execute("SET statement_timeout = 50")
         .await
         .unwrap();
-    let error = error_of(&mut conn, "SELECT pg_sleep(2)").await;
+    let error = error_of(&mut conn, "SELECT pg_advisory_lock(7)").await;
+    assert!(error.to_string().contains("statement timeout"), "{error}");
     assert!(error.is_transient(), "{error}");
     conn.batch_execute("SET statement_timeout = 0")
         .await
         .unwrap();
-    let mut holder = AsyncPgConnection::establish(&db.url).await.unwrap();
     holder
         .batch_execute("BEGIN; LOCK TABLE webhooks IN ACCESS EXCLUSIVE MODE")
         .await
@@ -108,10 +114,12 @@ async fn outages_and_lost_races_are_transient() {
     .get_result(&mut conn)
     .await
     .unwrap();
-    let sleeping = tokio::spawn(async move { error_of(&mut conn, "SELECT pg_sleep(30)").await });
-    tocsin_testkit::wait_until("the statement runs", crate::common::DEADLINE, || async {
+    // A statement that waits for the lock `holder` keeps, until the server ends its session.
+    let waiting =
+        tokio::spawn(async move { error_of(&mut conn, "SELECT pg_advisory_lock(8)").await });
+    tocsin_testkit::wait_until("the statement waits", crate::common::DEADLINE, || async {
         db.count(&format!(
-            "pg_stat_activity WHERE pid = {pid} AND query LIKE '%pg_sleep(30)%'"
+            "pg_stat_activity WHERE pid = {pid} AND wait_event_type = 'Lock'"
         ))
         .await
             == 1
@@ -121,7 +129,7 @@ async fn outages_and_lost_races_are_transient() {
         .execute(&mut holder)
         .await
         .unwrap();
-    let error = tokio::time::timeout(Duration::from_secs(10), sleeping)
+    let error = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .unwrap()
         .unwrap();
