@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use actix_web::{web, HttpRequest};
 use serde::de::DeserializeOwned;
+use tocsin_storage::relay::RelayWaker;
 use tocsin_storage::{DbConn, DbError, DbPool};
 use tocsin_web::{json, ApiError};
-use tokio::sync::Notify;
 
 use crate::error::AdminError;
 
@@ -16,7 +16,7 @@ use crate::error::AdminError;
 pub struct AdminState {
     pub pool: DbPool,
     /// Wakes the outbox relay after a commit that wrote outbox rows.
-    pub relay: Arc<Notify>,
+    pub relay: Arc<RelayWaker>,
     /// How long a rotated-out secret keeps signing.
     pub secret_grace: Duration,
     pub body_limit: usize,
@@ -47,6 +47,6 @@ impl AdminState {
 
     /// Tells the relay that outbox rows were committed.
     pub fn wake_relay(&self) {
-        self.relay.notify_one();
+        self.relay.wake();
     }
 }

@@ -8,10 +8,12 @@
 //! Each scenario is a function taking a [`Bench`] (the connection) and a config struct, and
 //! returning a [`Report`]. `main` only parses flags and prints.
 
+pub mod floor;
 pub mod output;
 pub mod procs;
 pub mod receiver;
 mod scenarios;
+pub mod stages;
 
 pub use scenarios::{
     backlog, e2e, fanout, ingest, latency, scale, slow_target, BacklogConfig, FanoutConfig,
@@ -30,6 +32,7 @@ use serde_json::{json, Value};
 
 use crate::procs::ProcessCost;
 use crate::receiver::BenchReceiver;
+use crate::stages::{Reading, StageFigures};
 
 /// Longest the bench waits, after deleting its webhooks, for their first attempts to be done.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -46,6 +49,9 @@ pub struct Target {
     pub drain_timeout: Duration,
     /// The `ordering` of the webhooks the bench creates: `none` or `incident`.
     pub ordering: String,
+    /// The services' `/metrics` URLs, read before and after each phase for its latency
+    /// budget ([`stages`]).
+    pub metrics_urls: Vec<String>,
 }
 
 /// The admin token written by `deploy/local/up`: `.tocsin/admin-token` in this directory or
@@ -152,6 +158,9 @@ pub struct Phase {
     pub deliveries_per_sec: f64,
     /// From each alert's send to its delivery's receipt.
     pub latency_ms: Option<Percentiles>,
+    /// The latency budget: each stage of the alerts' way over the phase, as the services
+    /// measured it (empty when their `/metrics` could not be read).
+    pub stages: Vec<StageFigures>,
     /// Send offset from the phase start (s) and latency (ms) of every delivery, for the chart.
     #[serde(skip)]
     pub series: Vec<(f64, f64)>,
@@ -480,6 +489,7 @@ impl Bench {
     ) -> Phase {
         let prefix = self.next_prefix();
         self.receiver.begin(&prefix);
+        let stages_before = Reading::take(&self.client, &self.target.metrics_urls).await;
         let started = Instant::now();
         let sent = self.send_load(&prefix, config).await;
         let send_seconds = started.elapsed().as_secs_f64();
@@ -494,6 +504,9 @@ impl Bench {
             self.receiver.wait_for(class, expected, deadline).await;
         }
         let seen = self.receiver.seen();
+        let stages = Reading::take(&self.client, &self.target.metrics_urls)
+            .await
+            .since(&stages_before);
         let sent_at: HashMap<&str, Instant> =
             accepted.iter().map(|s| (s.id.as_str(), s.at)).collect();
         let first = sent.first().map(|s| s.at).unwrap_or(started);
@@ -536,6 +549,7 @@ impl Bench {
             end_to_end_seconds: end_to_end,
             deliveries_per_sec: rate(received, end_to_end),
             latency_ms: Percentiles::of(series.iter().map(|(_, l)| *l).collect()),
+            stages,
             series,
         }
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use tocsin_bench::floor::FloorConfig;
 use tocsin_bench::{
     BacklogConfig, Bench, FanoutConfig, LatencyConfig, Load, LoadConfig, SlowTargetConfig, Target,
 };
@@ -61,6 +62,16 @@ struct Cli {
         default_value = "none"
     )]
     ordering: String,
+
+    /// The services' /metrics URLs (comma-separated), read before and after each phase for the
+    /// latency budget: the time of each stage of the alerts' way.
+    #[arg(
+        long,
+        global = true,
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:8080/metrics,http://127.0.0.1:8081/metrics,http://127.0.0.1:8082/metrics"
+    )]
+    metrics_url: Vec<String>,
 
     /// Also write the report as JSON to this file.
     #[arg(long, global = true)]
@@ -155,6 +166,28 @@ enum Scenario {
         #[arg(long)]
         dispatcher_count: Option<usize>,
     },
+    /// The floor of the durable steps on an alert's way, on this machine: a PostgreSQL commit
+    /// and a RabbitMQ publish confirm (quorum queue), each alone, in a table and a queue of its
+    /// own made and removed; no Tocsin service is needed.
+    Floor {
+        /// The PostgreSQL server (the table is made in this database).
+        #[arg(
+            long,
+            env = "DATABASE_URL",
+            default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+        )]
+        database_url: String,
+        /// The RabbitMQ server.
+        #[arg(
+            long,
+            env = "AMQP_URL",
+            default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+        )]
+        amqp_url: String,
+        /// Commits and publishes measured, each.
+        #[arg(long, default_value_t = 500)]
+        samples: usize,
+    },
     /// Deliveries to a failing receiver path, so that they sit in the retry queue; samples the
     /// dispatcher's RSS every second and reports its min and max.
     Backlog {
@@ -192,6 +225,26 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let report = match &cli.scenario {
+        Scenario::Floor {
+            database_url,
+            amqp_url,
+            samples,
+        } => {
+            tocsin_bench::floor::floor(FloorConfig {
+                database_url: database_url.clone(),
+                amqp_url: amqp_url.clone(),
+                samples: *samples,
+            })
+            .await?
+        }
+        scenario => run(&cli, scenario).await?,
+    };
+    finish(&cli, &report)
+}
+
+/// Runs a scenario against the running system.
+async fn run(cli: &Cli, scenario: &Scenario) -> anyhow::Result<tocsin_bench::Report> {
     let admin_token = cli
         .admin_token
         .clone()
@@ -205,13 +258,18 @@ async fn main() -> anyhow::Result<()> {
             inbound_token: cli.inbound_token.clone(),
             drain_timeout: cli.drain_timeout,
             ordering: cli.ordering.clone(),
+            metrics_urls: cli.metrics_url.clone(),
         })
         .await?,
     );
-    let report = match cli.scenario {
+    Ok(match *scenario {
         Scenario::Ingest(load) => tocsin_bench::ingest(&bench, load.config()).await?,
         Scenario::E2e(load) => tocsin_bench::e2e(&bench, load.config()).await?,
-        Scenario::Latency { rates, duration } => {
+        Scenario::Latency {
+            ref rates,
+            duration,
+        } => {
+            let rates = rates.clone();
             tocsin_bench::latency(&bench, LatencyConfig { rates, duration }).await?
         }
         Scenario::Fanout { webhooks, alerts } => {
@@ -244,14 +302,21 @@ async fn main() -> anyhow::Result<()> {
             )
             .await?
         }
-    };
-    print!("{}", tocsin_bench::output::table(&report));
+        // Measured by `main` without a system.
+        Scenario::Floor { .. } => anyhow::bail!("the floor is measured without a system"),
+    })
+}
+
+/// Prints the report, writes the files asked for, and exits 2 when a delivery was lost or an
+/// alert refused.
+fn finish(cli: &Cli, report: &tocsin_bench::Report) -> anyhow::Result<()> {
+    print!("{}", tocsin_bench::output::table(report));
     if let Some(path) = &cli.json {
-        tocsin_bench::write_json(&report, path)?;
+        tocsin_bench::write_json(report, path)?;
         println!("json: {}", tocsin_bench::display_path(path).display());
     }
     if let Some(path) = &cli.svg {
-        tocsin_bench::output::svg(&report, path)?;
+        tocsin_bench::output::svg(report, path)?;
         println!("svg: {}", tocsin_bench::display_path(path).display());
     }
     if report.lost() > 0 || report.errors() > 0 {

@@ -61,6 +61,20 @@ fn phase_table(out: &mut String, phase: &Phase) {
         row(out, "duplicates", phase.duplicates.to_string());
         row(out, "lost", phase.lost.to_string());
     }
+    if !phase.stages.is_empty() {
+        let _ = writeln!(
+            out,
+            "  {:<28} {:>8} {:>9} {:>9} {:>9}",
+            "stage (latency budget)", "count", "mean ms", "p50 ms", "p99 ms"
+        );
+        for stage in &phase.stages {
+            let _ = writeln!(
+                out,
+                "  {:<28} {:>8} {:>9.3} {:>9.3} {:>9.3}",
+                stage.stage, stage.count, stage.mean, stage.p50, stage.p99
+            );
+        }
+    }
 }
 
 /// The report as a table for people.

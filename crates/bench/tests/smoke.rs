@@ -63,6 +63,9 @@ async fn every_scenario_runs_against_a_real_system() {
             inbound_token: None,
             drain_timeout: Duration::from_secs(30),
             ordering: "none".into(),
+            metrics_urls: [&system.ingest, &system.admin, &system.dispatcher]
+                .map(|base| format!("{base}/metrics"))
+                .to_vec(),
         })
         .await
         .expect("connecting the bench"),
@@ -76,6 +79,45 @@ async fn every_scenario_runs_against_a_real_system() {
     let report = tocsin_bench::e2e(&bench, closed(50, 8)).await.expect("e2e");
     check(&report, true);
     assert_eq!(report.phases[0].received, 50);
+    // The latency budget holds every stage of the way, each counted for this phase alone.
+    let stages: Vec<(&str, u64)> = report.phases[0]
+        .stages
+        .iter()
+        .map(|s| (s.stage.as_str(), s.count))
+        .collect();
+    let names: Vec<&str> = stages.iter().map(|(name, _)| *name).collect();
+    assert_eq!(
+        names,
+        [
+            "ingest: authenticate",
+            "ingest: transaction",
+            "relay: wake",
+            "relay: publish",
+            "dispatcher: broker",
+            "dispatcher: fan_out",
+            "dispatcher: request",
+            "dispatcher: outcome"
+        ],
+        "{}",
+        tocsin_bench::output::table(&report)
+    );
+    for (name, count) in [stages[0], stages[1]] {
+        assert_eq!(
+            count,
+            50,
+            "{name}: {}",
+            tocsin_bench::output::table(&report)
+        );
+    }
+    // The events of the ingest scenario's alerts may still be fanning out, now to this
+    // scenario's webhook too: the dispatcher's stages count them beside the phase's own.
+    for (name, count) in [stages[4], stages[5], stages[6], stages[7]] {
+        assert!(
+            count >= 50,
+            "{name}: {}",
+            tocsin_bench::output::table(&report)
+        );
+    }
 
     let dir = std::env::temp_dir().join(format!("tocsin-bench-smoke-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");

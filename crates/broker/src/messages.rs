@@ -39,6 +39,34 @@ pub fn auto_attempts_of(properties: &lapin::BasicProperties) -> Option<i32> {
         .or_else(|| crate::header_int(properties, FORMER_ATTEMPT_HEADER).map(|n| n - 1))?;
     i32::try_from(count).ok()
 }
+/// Header of a message the outbox relay published: when, in microseconds since the Unix
+/// epoch. The dispatcher's `broker` stage runs from it to the message's arrival (on one
+/// machine's clock; across machines, their clocks' difference is in it too).
+pub const PUBLISHED_AT_HEADER: &str = "tocsin-published-at";
+
+/// The [`PUBLISHED_AT_HEADER`] of a message published now.
+pub fn published_at_header() -> (lapin::types::ShortString, lapin::types::AMQPValue) {
+    (
+        PUBLISHED_AT_HEADER.into(),
+        lapin::types::AMQPValue::LongLongInt(unix_micros()),
+    )
+}
+
+/// How long ago a message was published, from its [`PUBLISHED_AT_HEADER`] (`None`: no such
+/// header; zero when the clocks disagree the other way).
+pub fn since_published(properties: &lapin::BasicProperties) -> Option<std::time::Duration> {
+    let micros = crate::header_int(properties, PUBLISHED_AT_HEADER)?;
+    let elapsed = u64::try_from(unix_micros().saturating_sub(micros)).unwrap_or(0);
+    Some(std::time::Duration::from_micros(elapsed))
+}
+
+fn unix_micros() -> i64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since_epoch.as_micros()).unwrap_or(i64::MAX)
+}
+
 /// Header explaining why a message was parked.
 pub const PARKED_REASON_HEADER: &str = "tocsin-parked-reason";
 
@@ -124,5 +152,27 @@ mod tests {
         let former = with(serde_json::json!({"tocsin-attempt": 3}));
         assert_eq!(auto_attempts_of(&former), Some(2));
         assert_eq!(auto_attempts_of(&with(serde_json::json!({}))), None);
+    }
+
+    #[test]
+    fn the_time_since_publishing_is_read_from_the_header() {
+        let (name, value) = published_at_header();
+        let mut headers = lapin::types::FieldTable::default();
+        headers.insert(name, value);
+        let published = lapin::BasicProperties::default().with_headers(headers);
+        let since = since_published(&published).expect("the header is read");
+        assert!(since < std::time::Duration::from_secs(60), "{since:?}");
+        let ahead = with_published_at(i64::MAX);
+        assert_eq!(since_published(&ahead), Some(std::time::Duration::ZERO));
+        assert_eq!(since_published(&lapin::BasicProperties::default()), None);
+    }
+
+    fn with_published_at(micros: i64) -> lapin::BasicProperties {
+        let mut headers = lapin::types::FieldTable::default();
+        headers.insert(
+            PUBLISHED_AT_HEADER.into(),
+            lapin::types::AMQPValue::LongLongInt(micros),
+        );
+        lapin::BasicProperties::default().with_headers(headers)
     }
 }

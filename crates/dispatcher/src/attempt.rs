@@ -7,6 +7,7 @@
 //! (`spawn`, `make_due`), an operator.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use lapin::message::Delivery;
 use time::OffsetDateTime;
@@ -21,6 +22,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tracing::Instrument;
 
 use crate::context::{Context, Settlement};
+use crate::metrics::Stage;
 use crate::slots::Slot;
 
 /// Handles a message of the delivery queue: an automatic attempt (a retry, one the sweeper
@@ -227,6 +229,7 @@ async fn send_and_record(ctx: &Arc<Context>, job: Job, room: Room) -> Settlement
         .record("attempt", job.number)
         .record("webhook_id", tracing::field::display(job.webhook.id));
     let started = OffsetDateTime::now_utc();
+    let sending = Instant::now();
     let result = match room {
         Room::Taken { slot, request } => {
             ctx.metrics.in_flight.inc();
@@ -244,7 +247,7 @@ async fn send_and_record(ctx: &Arc<Context>, job: Job, room: Room) -> Settlement
     };
     // A request never sent says nothing of the target: no health of it (nor lag or duration).
     let sent = result.error != Some(AttemptError::NotSent);
-    observe(ctx, &job, &result, started);
+    observe(ctx, &job, &result, started, sending.elapsed());
     tracing::debug!(
         status = result.status_code,
         success = result.success,
@@ -266,10 +269,12 @@ async fn send_and_record(ctx: &Arc<Context>, job: Job, room: Room) -> Settlement
         result,
         transition,
     };
-    let completed = match ctx
+    let recording = Instant::now();
+    let completed = ctx
         .retry_db(|| ctx.batched.complete(completion.clone()))
-        .await
-    {
+        .await;
+    ctx.metrics.stage(Stage::Outcome, recording.elapsed());
+    let completed = match completed {
         Ok(Some(completed)) => completed,
         // Recorded as interrupted meanwhile (this dispatcher outlived its lease).
         Ok(None) => return Settlement::Done,
@@ -369,8 +374,15 @@ async fn refused(ctx: &Arc<Context>, claim: Claim) -> Settlement {
     }
 }
 
-/// Counts an attempt; the lag of a first attempt and the duration only of one that was sent.
-fn observe(ctx: &Context, job: &Job, result: &AttemptResult, started: OffsetDateTime) {
+/// Counts an attempt; the lag of a first attempt and the duration (`took`) only of one that was
+/// sent.
+fn observe(
+    ctx: &Context,
+    job: &Job,
+    result: &AttemptResult,
+    started: OffsetDateTime,
+    took: Duration,
+) {
     let sent = result.error != Some(AttemptError::NotSent);
     if sent && job.number == 1 {
         let lag = (started - job.occurred_at).as_seconds_f64().max(0.0);
@@ -389,6 +401,6 @@ fn observe(ctx: &Context, job: &Job, result: &AttemptResult, started: OffsetDate
         ctx.metrics
             .attempt_duration
             .with_label_values(&[outcome])
-            .observe(f64::from(result.duration_ms) / 1000.0);
+            .observe(took.as_secs_f64());
     }
 }

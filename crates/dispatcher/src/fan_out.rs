@@ -7,10 +7,11 @@
 //! once their lease ends, and they are retried on the schedule.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use lapin::message::Delivery;
 use tocsin_broker::header_str;
-use tocsin_broker::messages::EventMessage;
+use tocsin_broker::messages::{since_published, EventMessage};
 use tocsin_domain::delivery::WaitReason;
 use tocsin_storage::attempts::Job;
 use tocsin_storage::fan_out::{FanOut, FannedOut};
@@ -19,6 +20,7 @@ use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use crate::context::{Context, Settlement};
+use crate::metrics::Stage;
 
 pub(crate) async fn handle_event(ctx: Arc<Context>, message: Delivery) {
     let settlement = match EventMessage::from_bytes(&message.data) {
@@ -32,6 +34,9 @@ pub(crate) async fn handle_event(ctx: Arc<Context>, message: Delivery) {
             // before the span is first entered.
             RemoteParent::from_headers(|name| header_str(&message.properties, name))
                 .adopt_by(&span);
+            if let Some(took) = since_published(&message.properties) {
+                ctx.metrics.stage(Stage::Broker, took);
+            }
             fan_out(&ctx, &event, message.redelivered)
                 .instrument(span)
                 .await
@@ -53,6 +58,7 @@ async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) ->
     };
     // Deliveries beyond the room of a webhook that is not answering here start `waiting`.
     let room: Arc<[(uuid::Uuid, i64)]> = ctx.slots.limited_room().into();
+    let fanning_out = Instant::now();
     let FannedOut {
         claimed,
         pending,
@@ -66,6 +72,7 @@ async fn fan_out(ctx: &Arc<Context>, event: &EventMessage, redelivered: bool) ->
         Ok(fanned) => fanned,
         Err(settlement) => return settlement,
     };
+    ctx.metrics.stage(Stage::FanOut, fanning_out.elapsed());
     let created = claimed.len() + pending.len() + waiting + disabled + ordering;
     ctx.metrics.deliveries_created.inc_by(created as u64);
     for (reason, count) in [

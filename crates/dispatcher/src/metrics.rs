@@ -5,7 +5,8 @@ use prometheus::{
     IntGaugeVec, Opts, Registry,
 };
 use tocsin_domain::delivery::{DeliveryState, WaitReason};
-use tocsin_web::metrics::{LAG_BUCKETS, LATENCY_BUCKETS};
+use tocsin_storage::stages::STAGE_BUCKETS;
+use tocsin_web::metrics::LAG_BUCKETS;
 
 #[derive(Clone)]
 pub(crate) struct DispatcherMetrics {
@@ -30,9 +31,39 @@ pub(crate) struct DispatcherMetrics {
     pub webhook_failures: IntGaugeVec,
     pub webhook_success_rate: GaugeVec,
     pub webhook_enabled: IntGaugeVec,
+    stages: HistogramVec,
+}
+
+/// The dispatcher's stages of an alert's way (`tocsin_dispatcher_stage_seconds{stage}`); the
+/// request itself is `tocsin_dispatcher_attempt_duration_seconds`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Stage {
+    /// From the relay's publish of an event to its arrival here.
+    Broker,
+    /// The fan-out statement: deliveries created and first attempts claimed, committed.
+    FanOut,
+    /// Recording an attempt's outcome, committed.
+    Outcome,
+}
+
+impl Stage {
+    fn as_str(self) -> &'static str {
+        match self {
+            Stage::Broker => "broker",
+            Stage::FanOut => "fan_out",
+            Stage::Outcome => "outcome",
+        }
+    }
 }
 
 impl DispatcherMetrics {
+    /// Counts `stage` as taking `took`.
+    pub fn stage(&self, stage: Stage, took: std::time::Duration) {
+        self.stages
+            .with_label_values(&[stage.as_str()])
+            .observe(took.as_secs_f64());
+    }
+
     /// Counts a webhook the sweeper disabled, under the counter's name and its former one.
     pub fn auto_disabled(&self) {
         self.auto_disabled.inc();
@@ -57,7 +88,7 @@ impl DispatcherMetrics {
                 "tocsin_dispatcher_attempt_duration_seconds",
                 "Time from the start of an attempt to the target's answer (or failure), by outcome.",
             )
-            .buckets(LATENCY_BUCKETS.to_vec()),
+            .buckets(STAGE_BUCKETS.to_vec()),
             &["outcome"],
         )?;
         let in_flight = IntGauge::new(
@@ -195,7 +226,15 @@ impl DispatcherMetrics {
         ] {
             waited.with_label_values(&[reason.as_str()]);
         }
+        let stages = tocsin_storage::stages::histogram(
+            registry,
+            prometheus::HistogramOpts::new(
+                "tocsin_dispatcher_stage_seconds",
+                "Time of the dispatcher's stages of an alert's way, by stage: broker (from the relay's publish of an event to its arrival here), fan_out (the fan-out statement, waits for a batch included), outcome (recording an attempt's outcome). The request is tocsin_dispatcher_attempt_duration_seconds.",
+            ),
+        )?;
         Ok(DispatcherMetrics {
+            stages,
             attempts,
             attempt_duration,
             in_flight,

@@ -3,6 +3,7 @@
 //! `{alias}/acknowledge`).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use actix_web::http::header::{HeaderValue, CONTENT_TYPE, WWW_AUTHENTICATE};
 use actix_web::http::StatusCode;
@@ -13,19 +14,19 @@ use tocsin_domain::alerts::{
 };
 use tocsin_domain::{EventKind, IncidentStatus};
 use tocsin_storage::incidents::{AlertBody, Change, SignalOutcome};
+use tocsin_storage::relay::RelayWaker;
 use tocsin_storage::tokens::LiveToken;
 use tocsin_storage::DbError;
 use tocsin_web::body::{read_limited, BodyError};
 use tocsin_web::telemetry::{self, RemoteParent};
 use tocsin_web::{json, ApiError};
-use tokio::sync::Notify;
 use tracing::field::Empty;
 use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::batched::Batched;
 use crate::credentials::{self, QueryToken};
-use crate::metrics::IngestMetrics;
+use crate::metrics::{IngestMetrics, Stage};
 use crate::rate_limit::RateLimiter;
 use crate::sns::{ConfirmError, SignatureError, Sns};
 
@@ -36,7 +37,7 @@ const RETRY_AFTER_UNAVAILABLE: u64 = 5;
 pub struct IngestState {
     /// Token checks and alert writes, batched across concurrent requests.
     pub batched: Batched,
-    pub relay: Arc<Notify>,
+    pub relay: Arc<RelayWaker>,
     pub limiter: RateLimiter,
     pub metrics: IngestMetrics,
     pub body_limit: usize,
@@ -445,10 +446,13 @@ async fn handle(
             signals,
             headers: telemetry::current_headers(),
         };
-        state.batched.apply_alerts(body).await?
+        let applying = Instant::now();
+        let outcomes = state.batched.apply_alerts(body).await?;
+        state.metrics.stage(Stage::Transaction, applying);
+        outcomes
     };
     if outcomes.iter().any(|o| !o.events.is_empty()) {
-        state.relay.notify_one();
+        state.relay.wake();
     }
     Ok(HttpResponse::Accepted().json(Accepted {
         status: "accepted",
@@ -514,11 +518,10 @@ async fn authenticate(
 ) -> Result<LiveToken, IngestError> {
     let (presented, via) =
         credentials::presented(req, query_token, genie_key).ok_or(IngestError::Unauthorized)?;
-    let token = state
-        .batched
-        .authenticate(presented)
-        .await?
-        .ok_or(IngestError::Unauthorized)?;
+    let looking_up = Instant::now();
+    let token = state.batched.authenticate(presented).await?;
+    state.metrics.stage(Stage::Authenticate, looking_up);
+    let token = token.ok_or(IngestError::Unauthorized)?;
     if credentials::accepts(&token, via) {
         Ok(token)
     } else {

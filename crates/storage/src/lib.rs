@@ -19,6 +19,7 @@ pub mod relay;
 pub mod replays;
 pub mod retention;
 pub mod schema;
+pub mod stages;
 mod statement;
 pub mod tokens;
 pub mod webhooks;

@@ -11,17 +11,18 @@
 //! Not waiting for the WAL flush keeps the relay's pass short.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use futures::StreamExt;
-use prometheus::{IntCounter, IntGauge, Registry};
+use prometheus::{HistogramVec, IntCounter, IntGauge, Registry};
 use tokio::sync::{Mutex, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::outbox::{self, OutboxRow, Topic, NOTIFY_CHANNEL};
 use crate::{DbError, DbPool};
+use tocsin_broker::messages::published_at_header;
 use tocsin_broker::topology::{DELIVERY_ROUTING_KEY, EVENT_ROUTING_KEY};
 use tocsin_broker::{headers_from_json, Broker, Outgoing};
 
@@ -38,6 +39,7 @@ struct RelayMetrics {
     published: IntCounter,
     failures: IntCounter,
     backlog: IntGauge,
+    stages: HistogramVec,
 }
 
 impl RelayMetrics {
@@ -57,11 +59,43 @@ impl RelayMetrics {
         registry.register(Box::new(published.clone()))?;
         registry.register(Box::new(failures.clone()))?;
         registry.register(Box::new(backlog.clone()))?;
+        let stages = crate::stages::histogram(
+            registry,
+            prometheus::HistogramOpts::new(
+                "tocsin_outbox_stage_seconds",
+                "Time of the relay's stages of an alert's way, by stage: wake (from the commit that woke the relay to its claim of the rows), publish (publishing a pass's rows with confirms).",
+            ),
+        )?;
         Ok(RelayMetrics {
             published,
             failures,
             backlog,
+            stages,
         })
+    }
+}
+
+/// Wakes the relay after a commit that wrote outbox rows, and keeps the time of the earliest
+/// wake the relay has not yet answered: the relay's `wake` stage runs from it to the claim.
+#[derive(Default)]
+pub struct RelayWaker {
+    notify: Notify,
+    since: std::sync::Mutex<Option<Instant>>,
+}
+
+impl RelayWaker {
+    /// Call after committing outbox rows: the relay publishes them at once.
+    pub fn wake(&self) {
+        self.since
+            .lock()
+            .expect("the wake time")
+            .get_or_insert_with(Instant::now);
+        self.notify.notify_one();
+    }
+
+    /// The earliest wake since the last call.
+    fn take_since(&self) -> Option<Instant> {
+        self.since.lock().expect("the wake time").take()
     }
 }
 
@@ -71,7 +105,7 @@ pub struct OutboxRelay {
     pool: DbPool,
     broker: Broker,
     database_url: String,
-    wake: Arc<Notify>,
+    wake: Arc<RelayWaker>,
     poll_interval: Duration,
     metrics: RelayMetrics,
     /// The relay's own connection (asynchronous commit), opened on first use and again after
@@ -91,15 +125,15 @@ impl OutboxRelay {
             pool,
             broker,
             database_url: database_url.to_owned(),
-            wake: Arc::new(Notify::new()),
+            wake: Arc::new(RelayWaker::default()),
             poll_interval,
             metrics: RelayMetrics::new(registry)?,
             conn: Arc::new(Mutex::new(None)),
         })
     }
 
-    /// Notify this after committing outbox rows to publish them at once.
-    pub fn waker(&self) -> Arc<Notify> {
+    /// Wake this after committing outbox rows to publish them at once.
+    pub fn waker(&self) -> Arc<RelayWaker> {
         self.wake.clone()
     }
 
@@ -127,7 +161,7 @@ impl OutboxRelay {
             };
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                _ = self.wake.notified() => {}
+                _ = self.wake.notify.notified() => {}
                 _ = tokio::time::sleep(pause) => {}
             }
         }
@@ -204,18 +238,32 @@ impl OutboxRelay {
         let broker = &self.broker;
         conn.transaction::<_, anyhow::Error, _>(async |conn| {
             let rows = outbox::claim_and_mark(conn, BATCH).await?;
+            // The wake is answered, whether this pass found the rows or another relay did.
+            let woken = self.wake.take_since();
             if rows.is_empty() {
                 self.metrics.backlog.set(0);
                 return Ok(0);
             }
+            if let Some(since) = woken {
+                self.stage("wake", since);
+            }
+            let publishing = Instant::now();
             let messages: Vec<Outgoing> = rows.iter().map(|row| self.outgoing(row)).collect();
             broker
                 .publish_all(&messages)
                 .await
                 .context("publishing outbox rows")?;
+            self.stage("publish", publishing);
             Ok(rows.len())
         })
         .await
+    }
+
+    fn stage(&self, stage: &str, since: Instant) {
+        self.metrics
+            .stages
+            .with_label_values(&[stage])
+            .observe(since.elapsed().as_secs_f64());
     }
 
     fn outgoing(&self, row: &OutboxRow) -> Outgoing {
@@ -228,18 +276,21 @@ impl OutboxRelay {
             // The table's CHECK admits only these topics.
             Some(Topic::Event) | None => (topology.events_exchange(), EVENT_ROUTING_KEY.to_owned()),
         };
+        let mut headers = headers_from_json(&row.headers);
+        let (name, value) = published_at_header();
+        headers.insert(name, value);
         Outgoing {
             exchange,
             routing_key,
             body: row.payload.clone(),
-            headers: headers_from_json(&row.headers),
+            headers,
         }
     }
 }
 
 /// Keeps a `LISTEN` connection open and turns notifications into wake-ups; reconnects when the
 /// connection drops.
-async fn listen(database_url: String, wake: Arc<Notify>, cancel: CancellationToken) {
+async fn listen(database_url: String, wake: Arc<RelayWaker>, cancel: CancellationToken) {
     let mut backoff = Duration::from_millis(200);
     loop {
         let session = async {
@@ -251,11 +302,11 @@ async fn listen(database_url: String, wake: Arc<Notify>, cancel: CancellationTok
                 .await
                 .context("LISTEN")?;
             // Rows committed while we were not listening.
-            wake.notify_one();
+            wake.wake();
             let mut notifications = std::pin::pin!(conn.notifications_stream());
             while let Some(notification) = notifications.next().await {
                 notification.context("reading notifications")?;
-                wake.notify_one();
+                wake.wake();
             }
             anyhow::Ok(())
         };
