@@ -244,10 +244,10 @@ impl OutboxRow {
 /// marks them published in the same statement: call inside a transaction, publish the rows,
 /// then commit (the mark stands) or roll back (the rows wait for the next pass). The locks last
 /// until the transaction ends. Rows come back in id order.
-pub async fn claim_and_mark(
-    conn: &mut AsyncPgConnection,
-    limit: i64,
-) -> Result<Vec<OutboxRow>, DbError> {
+pub async fn claim_and_mark<C>(conn: &mut C, limit: i64) -> Result<Vec<OutboxRow>, DbError>
+where
+    C: diesel_async::AsyncConnectionCore<Backend = diesel::pg::Pg> + Send,
+{
     let mut rows: Vec<OutboxRow> = Statement::new(include_str!("sql/claim_and_mark.sql"))
         .bind::<diesel::sql_types::BigInt, _>(limit)
         .bind::<diesel::sql_types::Timestamptz, _>(OffsetDateTime::now_utc())
