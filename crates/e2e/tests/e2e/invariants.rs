@@ -196,8 +196,12 @@ impl System {
         };
         let prefix = TestPrefix::new();
         let target = Receiver::start().await;
+        // Idle connections are dropped before the services' 5 s keep-alive ends: a request sent
+        // on a connection the server is closing at that moment fails with `IncompleteMessage`
+        // (hyperium/hyper#2136), as it once did here on a replay.
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
+            .pool_idle_timeout(Duration::from_secs(2))
             .build()
             .unwrap();
         let env = vec![
