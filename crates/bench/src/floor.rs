@@ -16,6 +16,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
+use tocsin_domain::redact_url;
 
 use crate::{Percentiles, Report};
 
@@ -61,7 +62,7 @@ fn percentiles(took: Vec<Duration>) -> anyhow::Result<Percentiles> {
 async fn commits(database_url: &str, samples: usize) -> anyhow::Result<Percentiles> {
     let (client, connection) = tokio_postgres::connect(database_url, tokio_postgres::NoTls)
         .await
-        .with_context(|| format!("connecting to {}", redact(database_url)))?;
+        .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
     let connection = tokio::spawn(connection);
     let table = format!("tocsin_bench_floor_{}", std::process::id());
     client
@@ -97,7 +98,7 @@ async fn publishes(amqp_url: &str, samples: usize) -> anyhow::Result<(Percentile
     let connect = || async {
         Connection::connect(amqp_url, ConnectionProperties::default())
             .await
-            .with_context(|| format!("connecting to {}", redact(amqp_url)))
+            .with_context(|| format!("connecting to {}", redact_url(amqp_url)))
     };
     let connection = connect().await?;
     let channel = connection.create_channel().await?;
@@ -172,14 +173,4 @@ async fn publishes(amqp_url: &str, samples: usize) -> anyhow::Result<(Percentile
     measured?;
     deleted?;
     Ok((percentiles(confirmed)?, percentiles(arrived)?))
-}
-
-/// A URL without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://…@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
 }
