@@ -3,7 +3,7 @@
 //! getting its own answer (see `tocsin_storage::batch`).
 
 use tocsin_domain::AccessToken;
-use tocsin_storage::incidents::{self, AlertBody, SignalOutcome};
+use tocsin_storage::incidents::{self, AlertBody, Applied};
 use tocsin_storage::outbox::Wake;
 use tocsin_storage::tokens::LiveToken;
 use tocsin_storage::{batcher, submit, tokens, DbBatcher, DbError, DbPool};
@@ -15,7 +15,7 @@ const BATCH_WORKERS: usize = 4;
 
 pub struct Batched {
     tokens: DbBatcher<AccessToken, Option<LiveToken>>,
-    alerts: DbBatcher<AlertBody, Vec<SignalOutcome>>,
+    alerts: DbBatcher<AlertBody, Applied>,
 }
 
 impl Batched {
@@ -37,7 +37,7 @@ impl Batched {
 
     /// Applies one alert body's signals and records their events in the outbox, with the
     /// body's headers; the caller wakes the relay ([`incidents::apply_alerts`]).
-    pub async fn apply_alerts(&self, body: AlertBody) -> Result<Vec<SignalOutcome>, DbError> {
+    pub async fn apply_alerts(&self, body: AlertBody) -> Result<Applied, DbError> {
         submit(&self.alerts, body).await
     }
 }

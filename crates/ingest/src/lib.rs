@@ -12,6 +12,7 @@ mod rate_limit;
 mod routes;
 mod sns;
 mod startup;
+mod token_cache;
 
 pub use config::Config;
 pub use sns::SnsHosts;

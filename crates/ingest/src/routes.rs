@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 use tocsin_domain::alerts::{
     self, AlertAction, AlertError, AlertFormat, Notice, OpsgenieAction, ParsedAlerts,
 };
-use tocsin_domain::{EventKind, IncidentStatus};
-use tocsin_storage::incidents::{AlertBody, Change, SignalOutcome};
+use tocsin_domain::{AccessToken, EventKind, IncidentStatus};
+use tocsin_storage::incidents::{AlertBody, Change, SignalOutcome, TokenRevoked};
 use tocsin_storage::relay::RelayWaker;
 use tocsin_storage::tokens::LiveToken;
 use tocsin_storage::DbError;
@@ -29,6 +29,7 @@ use crate::credentials::{self, QueryToken};
 use crate::metrics::{IngestMetrics, Stage};
 use crate::rate_limit::RateLimiter;
 use crate::sns::{ConfirmError, SignatureError, Sns};
+use crate::token_cache::TokenCache;
 
 /// Seconds a sender should wait after a 503.
 const RETRY_AFTER_UNAVAILABLE: u64 = 5;
@@ -37,6 +38,8 @@ const RETRY_AFTER_UNAVAILABLE: u64 = 5;
 pub struct IngestState {
     /// Token checks and alert writes, batched across concurrent requests.
     pub batched: Batched,
+    /// Live tokens seen lately.
+    pub tokens: TokenCache,
     pub relay: Arc<RelayWaker>,
     pub limiter: RateLimiter,
     pub metrics: IngestMetrics,
@@ -375,7 +378,53 @@ async fn handle(
     format_label: &mut &'static str,
 ) -> Result<HttpResponse, IngestError> {
     let opsgenie = !matches!(call, Call::Alerts { .. });
-    let token = authenticate(req, query_token, opsgenie, state).await?;
+    let Authenticated { token, presented } =
+        authenticate(req, query_token, opsgenie, state).await?;
+    let answer = accept(
+        req,
+        payload,
+        call,
+        state,
+        format_label,
+        &token,
+        presented.as_ref(),
+    )
+    .await;
+    match (answer, &presented) {
+        // A refusal for any other reason is the token's first if it was revoked meanwhile.
+        (Err(error), Some(presented)) if !matches!(error, IngestError::Unauthorized) => {
+            confirm_live(presented, state).await?;
+            Err(error)
+        }
+        (answer, _) => answer,
+    }
+}
+
+/// Confirms with the database that a token from the token cache is still live.
+async fn confirm_live(presented: &AccessToken, state: &IngestState) -> Result<(), IngestError> {
+    if state
+        .batched
+        .authenticate(presented.clone())
+        .await?
+        .is_some()
+    {
+        Ok(())
+    } else {
+        state.tokens.forget(presented);
+        Err(IngestError::Unauthorized)
+    }
+}
+
+/// Answers an authenticated request (`presented`: its token came from the token cache).
+async fn accept(
+    req: &HttpRequest,
+    payload: web::Payload,
+    call: Call,
+    state: &IngestState,
+    format_label: &mut &'static str,
+    token: &LiveToken,
+    presented: Option<&AccessToken>,
+) -> Result<HttpResponse, IngestError> {
     state
         .limiter
         .check(token.id)
@@ -409,7 +458,7 @@ async fn handle(
             BodyError::TooLarge { limit } => IngestError::TooLarge { limit },
             BodyError::Read(message) => IngestError::Read(message),
         })?;
-    credentials::signed(&token, req, &body, &state.sns)
+    credentials::signed(token, req, &body, &state.sns)
         .await
         .map_err(|error| match error {
             SignatureError::Refused(reason) => {
@@ -434,6 +483,12 @@ async fn handle(
         signals,
         notice,
     } = parsed;
+    if signals.is_empty() || notice.is_some() {
+        // No write checks the token: the database does, unless it just did.
+        if let Some(presented) = presented {
+            confirm_live(presented, state).await?;
+        }
+    }
     let (notice, reason) = match notice {
         None => (None, None),
         Some(notice) => act_on(notice, state).await?,
@@ -445,11 +500,20 @@ async fn handle(
         let body = AlertBody {
             signals,
             headers: telemetry::current_headers(),
+            token: Some(token.id),
         };
         let applying = Instant::now();
-        let outcomes = state.batched.apply_alerts(body).await?;
+        let applied = state.batched.apply_alerts(body).await?;
         state.metrics.stage(Stage::Transaction, applying);
-        outcomes
+        match applied {
+            Ok(outcomes) => outcomes,
+            Err(TokenRevoked) => {
+                if let Some(presented) = presented {
+                    state.tokens.forget(presented);
+                }
+                return Err(IngestError::Unauthorized);
+            }
+        }
     };
     if outcomes.iter().any(|o| !o.events.is_empty()) {
         state.relay.wake();
@@ -507,23 +571,44 @@ fn sns_text(req: &HttpRequest, format: Option<AlertFormat>) -> bool {
     plain && sns
 }
 
-/// The request's live token, if it presented one the way the token accepts. Every refusal
-/// looks the same to the client.
+/// A request's live token.
+struct Authenticated {
+    token: LiveToken,
+    /// The token as presented when it came from the token cache: not yet confirmed live by the
+    /// database for this request (the write that applies the body confirms it).
+    presented: Option<AccessToken>,
+}
+
+/// The request's live token, if it presented one the way the token accepts: from the token
+/// cache, or else the database. Every refusal looks the same to the client.
 #[tracing::instrument(level = "debug", skip_all)]
 async fn authenticate(
     req: &HttpRequest,
     query_token: Option<&QueryToken>,
     genie_key: bool,
     state: &IngestState,
-) -> Result<LiveToken, IngestError> {
+) -> Result<Authenticated, IngestError> {
     let (presented, via) =
         credentials::presented(req, query_token, genie_key).ok_or(IngestError::Unauthorized)?;
     let looking_up = Instant::now();
-    let token = state.batched.authenticate(presented).await?;
+    let authenticated = match state.tokens.get(&presented) {
+        Some(token) => Authenticated {
+            token,
+            presented: Some(presented),
+        },
+        None => {
+            let token = state.batched.authenticate(presented.clone()).await?;
+            let token = token.ok_or(IngestError::Unauthorized)?;
+            state.tokens.insert(&presented, token.clone());
+            Authenticated {
+                token,
+                presented: None,
+            }
+        }
+    };
     state.metrics.stage(Stage::Authenticate, looking_up);
-    let token = token.ok_or(IngestError::Unauthorized)?;
-    if credentials::accepts(&token, via) {
-        Ok(token)
+    if credentials::accepts(&authenticated.token, via) {
+        Ok(authenticated)
     } else {
         Err(IngestError::Unauthorized)
     }

@@ -11,6 +11,7 @@ use crate::routes::{
     opsgenie_acknowledge, opsgenie_close, opsgenie_create, receive_alerts, IngestState,
 };
 use crate::sns::Sns;
+use crate::token_cache::{self, TokenCache};
 
 /// Opsgenie's `/v2/alerts` under the base URL Opsgenie-style senders are given
 /// (`.../api/v1/webhooks/alerts/opsgenie/`).
@@ -26,6 +27,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let relay = common.outbox_relay(&foundation, config.outbox_poll)?;
     let state = web::Data::new(IngestState {
         batched: Batched::start(&foundation.pool),
+        tokens: TokenCache::new(token_cache::FRESH_FOR),
         relay: relay.waker(),
         limiter: RateLimiter::new(config.rate_limit, config.rate_burst),
         metrics: IngestMetrics::new(&foundation.registry)?,

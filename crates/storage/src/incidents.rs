@@ -3,7 +3,7 @@
 //! signals that only open incidents is one statement; the keys among them that had an open
 //! incident already, and any other batch, are one transaction.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use diesel::prelude::*;
 use diesel::upsert::DecoratableTarget;
@@ -15,7 +15,7 @@ use uuid::Uuid;
 use crate::outbox::{self, NewEvent, Wake};
 use crate::schema::incidents;
 use crate::statement::Statement;
-use crate::{found, Cursor, DbError, Listed, Page};
+use crate::{found, tokens, Cursor, DbError, Listed, Page};
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
 use tocsin_domain::{
     EventKind, EventPayload, IncidentData, IncidentStatus, Severity, TransitionError,
@@ -116,22 +116,36 @@ pub struct SignalOutcome {
     pub events: Vec<NewEvent>,
 }
 
-/// One alert body: its signals, and the headers the messages of the events they cause carry
-/// (the trace context of the request that brought it; `None`: none).
+/// One alert body: its signals, the headers the messages of the events they cause carry (the
+/// trace context of the request that brought it; `None`: none), and the inbound token it came
+/// with (`None`: none to check).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AlertBody {
     pub signals: Vec<AlertSignal>,
     pub headers: Option<serde_json::Value>,
+    /// Checked live in the statement or transaction that applies the body, so that a token
+    /// revoked before then applies nothing, whatever its sender's process remembered of it.
+    pub token: Option<Uuid>,
 }
 
 impl From<Vec<AlertSignal>> for AlertBody {
     fn from(signals: Vec<AlertSignal>) -> Self {
         AlertBody {
             signals,
-            headers: None,
+            ..AlertBody::default()
         }
     }
 }
+
+/// What applying one alert body gave: its signals' outcomes, or [`TokenRevoked`] (nothing of
+/// it applied).
+pub type Applied = Result<Vec<SignalOutcome>, TokenRevoked>;
+
+/// The inbound token an alert body came with was revoked (or deleted) before the body was
+/// applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the inbound token was revoked")]
+pub struct TokenRevoked;
 
 impl SignalOutcome {
     /// Gives its events `headers`.
@@ -173,23 +187,27 @@ pub fn events_for(incident: &Incident, change: Change, at: OffsetDateTime) -> Ve
 /// Applies the signals of several alert bodies in one transaction (one commit for all: ingest
 /// gathers the alerts it receives concurrently), recording their events in the outbox with
 /// their body's headers (`wake` says how relays learn of them). Concurrent signals for the
-/// same new key open one incident. Answers per body.
+/// same new key open one incident. Answers per body; a body whose token is not live is not
+/// applied.
 pub async fn apply_alerts(
     conn: &mut AsyncPgConnection,
     bodies: &[AlertBody],
     wake: Wake,
-) -> Result<Vec<Vec<SignalOutcome>>, DbError> {
+) -> Result<Vec<Applied>, DbError> {
     // The database keeps microseconds: outcomes then hold what a read gives back.
     let now = truncate_to_micros(OffsetDateTime::now_utc());
     if let Some(answers) = open_all(conn, bodies, now, wake).await? {
         return Ok(answers);
     }
     conn.transaction::<_, DbError, _>(async |conn| {
+        let revoked = tokens::not_live(conn, bodies.iter().filter_map(|b| b.token)).await?;
+        let applies = |body: &AlertBody| body.token.is_none_or(|t| !revoked.contains(&t));
         // Keys are locked in key order, so that concurrent batches cannot deadlock; the sort is
         // stable, so signals for one key keep the order they came in.
         let mut order: Vec<(usize, usize)> = bodies
             .iter()
             .enumerate()
+            .filter(|(_, body)| applies(body))
             .flat_map(|(n, body)| (0..body.signals.len()).map(move |signal| (n, signal)))
             .collect();
         let key = |(body, signal): &(usize, usize)| &bodies[*body].signals[*signal].dedup_key;
@@ -203,13 +221,21 @@ pub async fn apply_alerts(
             let outcome = apply_one(conn, &body.signals[signal], now).await?;
             applied[n][signal] = Some(outcome.with_headers(body.headers.as_ref()));
         }
-        let answers: Vec<Vec<SignalOutcome>> = applied
+        let answers: Vec<Applied> = applied
             .into_iter()
-            .map(|outcomes| outcomes.into_iter().flatten().collect())
+            .zip(bodies)
+            .map(|(outcomes, body)| {
+                if applies(body) {
+                    Ok(outcomes.into_iter().flatten().collect())
+                } else {
+                    Err(TokenRevoked)
+                }
+            })
             .collect();
         // Events go out in the order the alerts came in.
         let events: Vec<NewEvent> = answers
             .iter()
+            .flatten()
             .flatten()
             .flat_map(|o| o.events.iter().cloned())
             .collect();
@@ -229,14 +255,16 @@ fn truncate_to_micros(at: OffsetDateTime) -> OffsetDateTime {
 /// inserted together by one statement that commits on its own (one round trip instead of one
 /// per signal plus `BEGIN` and `COMMIT`). The keys that already had an open incident are then
 /// applied as usual, in a transaction of their own; a trigger for an open incident writes
-/// nothing unless that incident was resolved meanwhile. Any other batch gives `None`, and is
-/// applied signal by signal in one transaction, where the order of signals for one key matters.
+/// nothing unless that incident was resolved meanwhile. The statement checks the bodies'
+/// tokens too, and applies nothing of a body whose token is not live. Any other batch gives
+/// `None`, and is applied signal by signal in one transaction, where the order of signals for
+/// one key matters.
 async fn open_all(
     conn: &mut AsyncPgConnection,
     bodies: &[AlertBody],
     now: OffsetDateTime,
     wake: Wake,
-) -> Result<Option<Vec<Vec<SignalOutcome>>>, DbError> {
+) -> Result<Option<Vec<Applied>>, DbError> {
     use diesel::sql_types::{Array, Int4, Jsonb, Nullable, Text, Timestamptz};
     let signals: Vec<&AlertSignal> = bodies.iter().flat_map(|b| &b.signals).collect();
     // Each signal's body's headers.
@@ -299,7 +327,12 @@ async fn open_all(
     // No array at all when no body has headers (traces off).
     let message_headers: Option<Vec<Option<&serde_json::Value>>> =
         headers.iter().any(Option::is_some).then(|| headers.clone());
-    let opened: Vec<OpenedId> = Statement::new(include_str!("sql/open_all.sql"))
+    // Each signal's body's token.
+    let tokens: Vec<Option<Uuid>> = bodies
+        .iter()
+        .flat_map(|b| std::iter::repeat_n(b.token, b.signals.len()))
+        .collect();
+    let answered: Vec<OpenAllRow> = Statement::new(include_str!("sql/open_all.sql"))
         .bind::<Array<diesel::sql_types::Uuid>, _>(&ids)
         .bind::<Array<Text>, _>(&dedup_keys)
         .bind::<Array<Text>, _>(&titles)
@@ -313,12 +346,17 @@ async fn open_all(
         .bind::<Array<diesel::sql_types::Binary>, _>(&messages)
         .bind::<Array<Jsonb>, _>(&labels)
         .bind::<Nullable<Array<Nullable<Jsonb>>>, _>(&message_headers)
+        .bind::<Array<Nullable<diesel::sql_types::Uuid>>, _>(&tokens)
         .load(conn)
         .await?;
-    let opened: std::collections::HashSet<Uuid> = opened.into_iter().map(|row| row.id).collect();
+    let (revoked, opened): (Vec<OpenAllRow>, Vec<OpenAllRow>) =
+        answered.into_iter().partition(|row| row.revoked);
+    let opened: HashSet<Uuid> = opened.into_iter().map(|row| row.id).collect();
+    let revoked: HashSet<Uuid> = revoked.into_iter().map(|row| row.id).collect();
+    let applies = |token: &Option<Uuid>| token.is_none_or(|t| !revoked.contains(&t));
     // Keys with an open incident already, in key order as everywhere keys are locked.
     let mut taken: Vec<usize> = (0..signals.len())
-        .filter(|&n| !opened.contains(&opening[n].0.id))
+        .filter(|&n| applies(&tokens[n]) && !opened.contains(&opening[n].0.id))
         .collect();
     taken.sort_by(|&a, &b| signals[a].dedup_key.cmp(&signals[b].dedup_key));
     let mut outcomes: Vec<Option<SignalOutcome>> = vec![None; signals.len()];
@@ -360,15 +398,25 @@ async fn open_all(
     Ok(Some(
         bodies
             .iter()
-            .map(|body| flat.by_ref().take(body.signals.len()).collect())
+            .map(|body| {
+                let outcomes = flat.by_ref().take(body.signals.len()).collect();
+                if applies(&body.token) {
+                    Ok(outcomes)
+                } else {
+                    Err(TokenRevoked)
+                }
+            })
             .collect(),
     ))
 }
 
+/// A row of `sql/open_all.sql`: an opened incident's id, or a token that is not live.
 #[derive(QueryableByName)]
-struct OpenedId {
+struct OpenAllRow {
     #[diesel(sql_type = diesel::sql_types::Uuid)]
     id: Uuid,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    revoked: bool,
 }
 
 async fn open_incident_for_update(

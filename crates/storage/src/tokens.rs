@@ -2,6 +2,7 @@
 //! bound to an alert source and may accept credentials other than `Authorization: Bearer`
 //! (basic authentication, a query parameter) and check a source's signature: each an opt-in.
 
+use std::collections::HashSet;
 use std::fmt;
 
 use diesel::prelude::*;
@@ -246,6 +247,28 @@ pub async fn list(
     }
     let rows: Vec<InboundToken> = query.load(conn).await?;
     page.finish(rows)
+}
+
+/// Which of `ids` are not live tokens (revoked, or not there): no query when there are none.
+pub async fn not_live(
+    conn: &mut AsyncPgConnection,
+    ids: impl IntoIterator<Item = Uuid>,
+) -> Result<HashSet<Uuid>, DbError> {
+    let mut ids: Vec<Uuid> = ids.into_iter().collect();
+    if ids.is_empty() {
+        return Ok(HashSet::new());
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    let live: HashSet<Uuid> = inbound_tokens::table
+        .filter(inbound_tokens::id.eq_any(&ids))
+        .filter(inbound_tokens::revoked_at.is_null())
+        .select(inbound_tokens::id)
+        .load::<Uuid>(conn)
+        .await?
+        .into_iter()
+        .collect();
+    Ok(ids.into_iter().filter(|id| !live.contains(id)).collect())
 }
 
 /// Revokes a token; the next request with it is refused.

@@ -429,14 +429,52 @@ async fn every_refusal_answers_its_status_and_writes_nothing() {
         .await;
     assert_eq!(status, StatusCode::ACCEPTED);
     tokens::revoke(&mut conn, record.id).await.unwrap();
-    let (status, body) = ingest
-        .post_with(good, Some(token.expose()), "application/json", "")
-        .await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // The token was seen a moment ago, so ingest remembers it (the token cache); every kind
+    // of request with it is refused all the same, and changes nothing.
+    let refused = [
+        (
+            "a trigger for an open incident",
+            good,
+            "application/json",
+            "",
+        ),
+        (
+            "a trigger for a new key",
+            r#"{"title":"t","dedup_key":"new"}"#,
+            "application/json",
+            "",
+        ),
+        (
+            "a resolve",
+            r#"{"title":"t","dedup_key":"k","action":"resolve"}"#,
+            "application/json",
+            "",
+        ),
+        (
+            "a body that changes nothing",
+            r#"{"action":"created","data":{"installation":{"uuid":"u"}}}"#,
+            "application/json",
+            "?format=sentry",
+        ),
+        ("malformed JSON", "{", "application/json", ""),
+        ("not JSON", good, "text/plain", ""),
+    ];
+    for (name, body, content_type, query) in refused {
+        let (status, body) = ingest
+            .post_with(body, Some(token.expose()), content_type, query)
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{name}: {body}");
+        assert_eq!(
+            body["error"]["message"], "a valid inbound token is required",
+            "{name}"
+        );
+    }
+    assert_eq!(ingest.count("incidents").await, 1);
     assert_eq!(
-        body["error"]["message"],
-        "a valid inbound token is required"
+        ingest.count("incidents WHERE status = 'triggered'").await,
+        1
     );
+    assert_eq!(ingest.count("events").await, 1);
     ingest.stop().await;
 }
 

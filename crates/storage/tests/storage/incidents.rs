@@ -1,6 +1,7 @@
 //! Incidents and their events: an incident's lifecycle through its signals, the one outbox row
 //! of topic `event` that announces each recorded event (and no delivery), one incident for
-//! concurrent alerts of a new key, and a failed transaction that leaves no row behind.
+//! concurrent alerts of a new key, a failed transaction that leaves no row behind, and a
+//! revoked token's alerts applying nothing.
 
 use std::collections::HashSet;
 
@@ -9,10 +10,11 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use tocsin_broker::messages::EventMessage;
 use tocsin_domain::alerts::AlertAction;
 use tocsin_domain::{EventKind, IncidentStatus, Severity, TransitionError};
-use tocsin_storage::incidents::{self, Change};
+use tocsin_storage::incidents::{self, AlertBody, Change};
 use tocsin_storage::outbox::{self, NewEvent};
-use tocsin_storage::schema;
+use tocsin_storage::{schema, tokens};
 use tocsin_testkit::TestDb;
+use uuid::Uuid;
 
 use crate::common::{open, record_test_event, signal, webhook_for_every_event};
 
@@ -162,7 +164,13 @@ async fn recording_events_writes_one_event_outbox_row_per_event_and_no_delivery(
     )
     .await
     .unwrap();
-    expected.extend(batch.iter().flatten().flat_map(|o| o.events.clone()));
+    expected.extend(
+        batch
+            .iter()
+            .flatten()
+            .flatten()
+            .flat_map(|o| o.events.clone()),
+    );
     let general = tocsin_testkit::apply_signals(
         &mut conn,
         &[
@@ -301,4 +309,66 @@ async fn a_failed_transaction_leaves_no_row_behind() {
     );
     assert_eq!(db.count("events").await, 0);
     assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 0);
+}
+
+/// A body whose token was revoked applies nothing, whichever way its batch is written (the one
+/// statement that opens new keys, or the transaction), while the rest of its batch is applied.
+#[tokio::test]
+async fn a_body_whose_token_was_revoked_applies_nothing_and_its_batch_goes_on() {
+    let db = TestDb::new().await;
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let (live, _) = tokens::create(&mut conn, "live").await.unwrap();
+    let (revoked, _) = tokens::create(&mut conn, "revoked").await.unwrap();
+    tokens::revoke(&mut conn, revoked.id).await.unwrap();
+    let body = |key: &str, action, token: Uuid| AlertBody {
+        signals: vec![signal(key, action)],
+        headers: None,
+        token: Some(token),
+    };
+
+    // New keys only: the one statement.
+    let answers = incidents::apply_alerts(
+        &mut conn,
+        &[
+            body("a", AlertAction::Trigger, live.id),
+            body("b", AlertAction::Trigger, revoked.id),
+            body("c", AlertAction::Trigger, live.id),
+        ],
+        outbox::Wake::Caller,
+    )
+    .await
+    .unwrap();
+    assert!(matches!(answers[1], Err(incidents::TokenRevoked)));
+    for n in [0, 2] {
+        let outcomes = answers[n].as_ref().expect("a live token's body is applied");
+        assert_eq!(outcomes[0].change, Change::Opened);
+    }
+    assert_eq!(db.count("incidents WHERE dedup_key = 'b'").await, 0);
+    assert_eq!(db.count("events").await, 2);
+    assert_eq!(db.count("outbox").await, 2);
+
+    // An acknowledge among them: the transaction.
+    let answers = incidents::apply_alerts(
+        &mut conn,
+        &[
+            body("a", AlertAction::Acknowledge, live.id),
+            body("c", AlertAction::Acknowledge, revoked.id),
+        ],
+        outbox::Wake::Caller,
+    )
+    .await
+    .unwrap();
+    let acknowledged = answers[0].as_ref().expect("a live token's body is applied");
+    assert!(matches!(
+        acknowledged[0].change,
+        Change::StatusChanged { .. }
+    ));
+    assert!(matches!(answers[1], Err(incidents::TokenRevoked)));
+    assert_eq!(
+        db.count("incidents WHERE status = 'acknowledged'").await,
+        1,
+        "only the live token's acknowledge"
+    );
+    assert_eq!(db.count("events").await, 3);
+    assert_eq!(db.count("outbox").await, 3);
 }
