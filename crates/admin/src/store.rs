@@ -69,7 +69,7 @@ pub async fn record_test_event(
     };
     let event = NewEvent::new(&payload, Some(webhook_id));
     conn.transaction::<_, DbError, _>(async |conn| {
-        outbox::record_events(conn, std::slice::from_ref(&event), outbox::Wake::Listeners).await
+        outbox::record_events(conn, std::slice::from_ref(&event), &outbox::Wake::Listeners).await
     })
     .await?;
     Ok(event)

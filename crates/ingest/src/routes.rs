@@ -2,7 +2,6 @@
 //! `/api/v1/webhooks/alerts/opsgenie/v2/alerts` (create, `{alias}/close`,
 //! `{alias}/acknowledge`).
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use actix_web::http::header::{HeaderValue, CONTENT_TYPE, WWW_AUTHENTICATE};
@@ -14,7 +13,6 @@ use tocsin_domain::alerts::{
 };
 use tocsin_domain::{AccessToken, EventKind, IncidentStatus};
 use tocsin_storage::incidents::{AlertBody, Change, SignalOutcome, TokenRevoked};
-use tocsin_storage::relay::RelayWaker;
 use tocsin_storage::tokens::LiveToken;
 use tocsin_storage::DbError;
 use tocsin_web::body::{read_limited, BodyError};
@@ -40,7 +38,6 @@ pub struct IngestState {
     pub batched: Batched,
     /// Live tokens seen lately.
     pub tokens: TokenCache,
-    pub relay: Arc<RelayWaker>,
     pub limiter: RateLimiter,
     pub metrics: IngestMetrics,
     pub body_limit: usize,
@@ -515,9 +512,6 @@ async fn accept(
             }
         }
     };
-    if outcomes.iter().any(|o| !o.events.is_empty()) {
-        state.relay.wake();
-    }
     Ok(HttpResponse::Accepted().json(Accepted {
         status: "accepted",
         format,

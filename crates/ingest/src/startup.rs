@@ -26,9 +26,8 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let foundation = common.foundation("ingest").await?;
     let relay = common.outbox_relay(&foundation, config.outbox_poll)?;
     let state = web::Data::new(IngestState {
-        batched: Batched::start(&foundation.pool),
+        batched: Batched::start(&foundation.pool, relay.waker()),
         tokens: TokenCache::new(token_cache::FRESH_FOR),
-        relay: relay.waker(),
         limiter: RateLimiter::new(config.rate_limit, config.rate_burst),
         metrics: IngestMetrics::new(&foundation.registry)?,
         body_limit: config.body_limit,

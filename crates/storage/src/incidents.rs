@@ -12,7 +12,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::outbox::{self, NewEvent, Wake};
+use crate::outbox::{self, NewEvent, OutboxRow, Wake};
 use crate::schema::incidents;
 use crate::statement::Statement;
 use crate::{found, tokens, Cursor, DbError, Listed, Page};
@@ -196,53 +196,56 @@ pub async fn apply_alerts(
 ) -> Result<Vec<Applied>, DbError> {
     // The database keeps microseconds: outcomes then hold what a read gives back.
     let now = truncate_to_micros(OffsetDateTime::now_utc());
-    if let Some(answers) = open_all(conn, bodies, now, wake).await? {
+    if let Some(answers) = open_all(conn, bodies, now, &wake).await? {
         return Ok(answers);
     }
-    conn.transaction::<_, DbError, _>(async |conn| {
-        let revoked = tokens::not_live(conn, bodies.iter().filter_map(|b| b.token)).await?;
-        let applies = |body: &AlertBody| body.token.is_none_or(|t| !revoked.contains(&t));
-        // Keys are locked in key order, so that concurrent batches cannot deadlock; the sort is
-        // stable, so signals for one key keep the order they came in.
-        let mut order: Vec<(usize, usize)> = bodies
-            .iter()
-            .enumerate()
-            .filter(|(_, body)| applies(body))
-            .flat_map(|(n, body)| (0..body.signals.len()).map(move |signal| (n, signal)))
-            .collect();
-        let key = |(body, signal): &(usize, usize)| &bodies[*body].signals[*signal].dedup_key;
-        order.sort_by(|a, b| key(a).cmp(key(b)));
-        let mut applied: Vec<Vec<Option<SignalOutcome>>> = bodies
-            .iter()
-            .map(|body| vec![None; body.signals.len()])
-            .collect();
-        for (n, signal) in order {
-            let body = &bodies[n];
-            let outcome = apply_one(conn, &body.signals[signal], now).await?;
-            applied[n][signal] = Some(outcome.with_headers(body.headers.as_ref()));
-        }
-        let answers: Vec<Applied> = applied
-            .into_iter()
-            .zip(bodies)
-            .map(|(outcomes, body)| {
-                if applies(body) {
-                    Ok(outcomes.into_iter().flatten().collect())
-                } else {
-                    Err(TokenRevoked)
-                }
-            })
-            .collect();
-        // Events go out in the order the alerts came in.
-        let events: Vec<NewEvent> = answers
-            .iter()
-            .flatten()
-            .flatten()
-            .flat_map(|o| o.events.iter().cloned())
-            .collect();
-        outbox::record_events(conn, &events, wake).await?;
-        Ok(answers)
-    })
-    .await
+    let (answers, rows) = conn
+        .transaction::<_, DbError, _>(async |conn| {
+            let revoked = tokens::not_live(conn, bodies.iter().filter_map(|b| b.token)).await?;
+            let applies = |body: &AlertBody| body.token.is_none_or(|t| !revoked.contains(&t));
+            // Keys are locked in key order, so that concurrent batches cannot deadlock; the sort is
+            // stable, so signals for one key keep the order they came in.
+            let mut order: Vec<(usize, usize)> = bodies
+                .iter()
+                .enumerate()
+                .filter(|(_, body)| applies(body))
+                .flat_map(|(n, body)| (0..body.signals.len()).map(move |signal| (n, signal)))
+                .collect();
+            let key = |(body, signal): &(usize, usize)| &bodies[*body].signals[*signal].dedup_key;
+            order.sort_by(|a, b| key(a).cmp(key(b)));
+            let mut applied: Vec<Vec<Option<SignalOutcome>>> = bodies
+                .iter()
+                .map(|body| vec![None; body.signals.len()])
+                .collect();
+            for (n, signal) in order {
+                let body = &bodies[n];
+                let outcome = apply_one(conn, &body.signals[signal], now).await?;
+                applied[n][signal] = Some(outcome.with_headers(body.headers.as_ref()));
+            }
+            let answers: Vec<Applied> = applied
+                .into_iter()
+                .zip(bodies)
+                .map(|(outcomes, body)| {
+                    if applies(body) {
+                        Ok(outcomes.into_iter().flatten().collect())
+                    } else {
+                        Err(TokenRevoked)
+                    }
+                })
+                .collect();
+            // Events go out in the order the alerts came in.
+            let events: Vec<NewEvent> = answers
+                .iter()
+                .flatten()
+                .flatten()
+                .flat_map(|o| o.events.iter().cloned())
+                .collect();
+            let rows = outbox::record_events(conn, &events, &wake).await?;
+            Ok((answers, rows))
+        })
+        .await?;
+    wake.committed(rows);
+    Ok(answers)
 }
 
 fn truncate_to_micros(at: OffsetDateTime) -> OffsetDateTime {
@@ -263,7 +266,7 @@ async fn open_all(
     conn: &mut AsyncPgConnection,
     bodies: &[AlertBody],
     now: OffsetDateTime,
-    wake: Wake,
+    wake: &Wake,
 ) -> Result<Option<Vec<Applied>>, DbError> {
     use diesel::sql_types::{Array, Int4, Jsonb, Nullable, Text, Timestamptz};
     let signals: Vec<&AlertSignal> = bodies.iter().flat_map(|b| &b.signals).collect();
@@ -347,12 +350,48 @@ async fn open_all(
         .bind::<Array<Jsonb>, _>(&labels)
         .bind::<Nullable<Array<Nullable<Jsonb>>>, _>(&message_headers)
         .bind::<Array<Nullable<diesel::sql_types::Uuid>>, _>(&tokens)
+        .bind::<Nullable<Timestamptz>, _>(wake.held_until())
         .load(conn)
         .await?;
-    let (revoked, opened): (Vec<OpenAllRow>, Vec<OpenAllRow>) =
-        answered.into_iter().partition(|row| row.revoked);
-    let opened: HashSet<Uuid> = opened.into_iter().map(|row| row.id).collect();
-    let revoked: HashSet<Uuid> = revoked.into_iter().map(|row| row.id).collect();
+    let mut opened: HashSet<Uuid> = HashSet::new();
+    let mut revoked: HashSet<Uuid> = HashSet::new();
+    let mut queued: Vec<OutboxRow> = Vec::new();
+    for row in answered {
+        match row {
+            OpenAllRow {
+                id: Some(id),
+                revoked: Some(false),
+                ..
+            } => {
+                opened.insert(id);
+            }
+            OpenAllRow {
+                id: Some(token),
+                revoked: Some(true),
+                ..
+            } => {
+                revoked.insert(token);
+            }
+            OpenAllRow {
+                outbox_id: Some(id),
+                topic: Some(topic),
+                headers: Some(headers),
+                payload: Some(payload),
+                ..
+            } => queued.push(OutboxRow {
+                id,
+                topic,
+                headers,
+                payload,
+            }),
+            _ => return Err(DbError::Corrupt("open_all: a row of no kind".into())),
+        }
+    }
+    // Committed by the statement itself: out at once, before the keys taken are applied.
+    match wake {
+        Wake::Listeners if !queued.is_empty() => outbox::notify(conn).await?,
+        _ => wake.committed(queued),
+    }
     let applies = |token: &Option<Uuid>| token.is_none_or(|t| !revoked.contains(&t));
     // Keys with an open incident already, in key order as everywhere keys are locked.
     let mut taken: Vec<usize> = (0..signals.len())
@@ -361,7 +400,7 @@ async fn open_all(
     taken.sort_by(|&a, &b| signals[a].dedup_key.cmp(&signals[b].dedup_key));
     let mut outcomes: Vec<Option<SignalOutcome>> = vec![None; signals.len()];
     if !taken.is_empty() {
-        let applied = conn
+        let (applied, rows) = conn
             .transaction::<_, DbError, _>(async |conn| {
                 let mut applied = Vec::with_capacity(taken.len());
                 for &n in &taken {
@@ -372,17 +411,14 @@ async fn open_all(
                     .iter()
                     .flat_map(|o| o.events.iter().cloned())
                     .collect();
-                outbox::record_events(conn, &events, wake).await?;
-                Ok(applied)
+                let rows = outbox::record_events(conn, &events, wake).await?;
+                Ok((applied, rows))
             })
             .await?;
+        wake.committed(rows);
         for (n, outcome) in taken.into_iter().zip(applied) {
             outcomes[n] = Some(outcome);
         }
-    }
-    if !opened.is_empty() {
-        // After the statement's own commit: listeners find its rows.
-        outbox::wake_relays(conn, wake).await?;
     }
     let mut flat = outcomes.into_iter().zip(opening).zip(&signals).map(
         |((outcome, (incident, event)), signal)| {
@@ -410,13 +446,22 @@ async fn open_all(
     ))
 }
 
-/// A row of `sql/open_all.sql`: an opened incident's id, or a token that is not live.
+/// A row of `sql/open_all.sql`: an opened incident's id (`revoked` false), a token that is
+/// not live (`revoked` true), or an outbox row written.
 #[derive(QueryableByName)]
 struct OpenAllRow {
-    #[diesel(sql_type = diesel::sql_types::Uuid)]
-    id: Uuid,
-    #[diesel(sql_type = diesel::sql_types::Bool)]
-    revoked: bool,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Uuid>)]
+    id: Option<Uuid>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Bool>)]
+    revoked: Option<bool>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    outbox_id: Option<i64>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    topic: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Jsonb>)]
+    headers: Option<serde_json::Value>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Binary>)]
+    payload: Option<Vec<u8>>,
 }
 
 async fn open_incident_for_update(
@@ -572,7 +617,7 @@ pub async fn change_status(
         current.status.transition(to)?;
         let (incident, change) = set_status(conn, current, to, now).await?;
         let events = events_for(&incident, change, now);
-        outbox::record_events(conn, &events, Wake::Listeners).await?;
+        outbox::record_events(conn, &events, &Wake::Listeners).await?;
         Ok((incident, events))
     })
     .await

@@ -2,11 +2,14 @@
 //! transaction as the change that caused them; the relay publishes them to RabbitMQ (events to
 //! the events exchange, where dispatchers fan them out and any other consumer may subscribe).
 
+use std::sync::Arc;
+
 use diesel::prelude::*;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::relay::RelayWaker;
 use crate::schema::{events, outbox};
 use crate::statement::Statement;
 use crate::DbError;
@@ -74,27 +77,51 @@ impl NewEvent {
     }
 }
 
+/// How long a row handed over to its writer's relay is held from every relay's claim: past
+/// it, a row whose hand-over was lost (its process stopped before publishing it) is claimed
+/// like any other.
+pub const HOLD: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How relays learn that outbox rows were committed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub enum Wake {
     /// `NOTIFY` every listening relay, in any process, at commit. PostgreSQL serialises the
     /// commits of notifying transactions (a global lock held through the WAL flush, so they
     /// cannot share a flush): for low-rate writers such as admin.
     Listeners,
-    /// The caller wakes its own relay in process once the transaction commits (ingest's hot
-    /// path, where group commit matters). Other relays find the rows on their fallback poll.
-    Caller,
+    /// The rows are held from every relay's claim for [`HOLD`], and handed to this process's
+    /// relay once the transaction commits, which publishes them without reading them back
+    /// (ingest's hot path: no `NOTIFY`, where group commit matters, and no claim).
+    HandOver(Arc<RelayWaker>),
+}
+
+impl Wake {
+    /// Until when rows written this way are held from claims.
+    pub(crate) fn held_until(&self) -> Option<OffsetDateTime> {
+        match self {
+            Wake::Listeners => None,
+            Wake::HandOver(_) => Some(OffsetDateTime::now_utc() + HOLD),
+        }
+    }
+
+    /// Call once the rows written this way are committed.
+    pub fn committed(&self, rows: Vec<OutboxRow>) {
+        if let Wake::HandOver(relay) = self {
+            relay.hand_over(rows);
+        }
+    }
 }
 
 /// Records events and the outbox row that publishes each, with the event's headers (the relay
-/// publishes them as the message's); call inside the transaction of the change.
+/// publishes them as the message's); call inside the transaction of the change, and
+/// [`Wake::committed`] with the rows once it commits.
 pub async fn record_events(
     conn: &mut AsyncPgConnection,
     new: &[NewEvent],
-    wake: Wake,
-) -> Result<(), DbError> {
+    wake: &Wake,
+) -> Result<Vec<OutboxRow>, DbError> {
     if new.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let event_rows: Vec<_> = new
         .iter()
@@ -114,6 +141,7 @@ pub async fn record_events(
         .execute(conn)
         .await?;
     // An event without headers leaves the column to its default, the empty object.
+    let held_until = wake.held_until();
     let outbox_rows: Vec<_> = new
         .iter()
         .map(|e| {
@@ -123,22 +151,46 @@ pub async fn record_events(
                     .as_ref()
                     .map(|headers| outbox::headers.eq(headers)),
                 outbox::payload.eq(e.message().to_bytes()),
+                outbox::held_until.eq(held_until),
             )
         })
         .collect();
-    diesel::insert_into(outbox::table)
+    let rows: Vec<OutboxRow> = diesel::insert_into(outbox::table)
         .values(&outbox_rows)
-        .execute(conn)
+        .returning((outbox::id, outbox::topic, outbox::headers, outbox::payload))
+        .get_results(conn)
         .await?;
-    wake_relays(conn, wake).await
+    if matches!(wake, Wake::Listeners) {
+        notify(conn).await?;
+    }
+    Ok(rows)
 }
 
-/// Tells relays, as `wake` says, about outbox rows written in this transaction.
-pub async fn wake_relays(conn: &mut AsyncPgConnection, wake: Wake) -> Result<(), DbError> {
-    match wake {
-        Wake::Listeners => notify(conn).await,
-        Wake::Caller => Ok(()),
-    }
+/// Marks rows handed over and published as published.
+pub async fn mark_published<C>(conn: &mut C, ids: &[i64]) -> Result<(), DbError>
+where
+    C: diesel_async::AsyncConnectionCore<Backend = diesel::pg::Pg> + Send,
+{
+    diesel::update(outbox::table.filter(outbox::id.eq_any(ids)))
+        .set((
+            outbox::published_at.eq(OffsetDateTime::now_utc()),
+            outbox::held_until.eq(None::<OffsetDateTime>),
+        ))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Ends the hold of rows handed over whose publish failed: every relay may claim them now.
+pub async fn release<C>(conn: &mut C, ids: &[i64]) -> Result<(), DbError>
+where
+    C: diesel_async::AsyncConnectionCore<Backend = diesel::pg::Pg> + Send,
+{
+    diesel::update(outbox::table.filter(outbox::id.eq_any(ids)))
+        .set(outbox::held_until.eq(None::<OffsetDateTime>))
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// Records a request for the next automatic attempt of each delivery, due now (a recovered
@@ -212,7 +264,7 @@ async fn enqueue(
     notify(conn).await
 }
 
-async fn notify(conn: &mut AsyncPgConnection) -> Result<(), DbError> {
+pub(crate) async fn notify(conn: &mut AsyncPgConnection) -> Result<(), DbError> {
     // Delivered to listeners when the transaction commits, and only then.
     diesel::sql_query(format!("NOTIFY {NOTIFY_CHANNEL}"))
         .execute(conn)

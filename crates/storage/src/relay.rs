@@ -81,16 +81,22 @@ impl RelayMetrics {
     }
 }
 
-/// Wakes the relay after a commit that wrote outbox rows, and keeps the time of the earliest
-/// wake the relay has not yet answered: the relay's `wake` stage runs from it to the claim.
+/// Wakes the relay after a commit that wrote outbox rows: to claim them from the table
+/// ([`RelayWaker::wake`]), or to publish rows handed over to it ([`RelayWaker::hand_over`]).
+/// Keeps the time of the earliest wake or hand-over not yet answered: the relay's `wake` stage
+/// runs from it to the claim, or to the publish of the rows handed over.
 #[derive(Default)]
 pub struct RelayWaker {
     notify: Notify,
+    /// The earliest wake to claim not yet answered.
     since: std::sync::Mutex<Option<Instant>>,
+    /// Rows handed over and not yet taken, with the time of the earliest hand-over.
+    handed: std::sync::Mutex<(Vec<OutboxRow>, Option<Instant>)>,
 }
 
 impl RelayWaker {
-    /// Call after committing outbox rows: the relay publishes them at once.
+    /// Call after committing outbox rows that are not handed over: the relay claims them at
+    /// once.
     pub fn wake(&self) {
         self.since
             .lock()
@@ -99,9 +105,33 @@ impl RelayWaker {
         self.notify.notify_one();
     }
 
-    /// The earliest wake since the last call.
+    /// Call with committed outbox rows written held (`outbox::Wake::HandOver`): the relay
+    /// publishes them at once, without reading them back.
+    pub fn hand_over(&self, rows: Vec<OutboxRow>) {
+        if rows.is_empty() {
+            return;
+        }
+        {
+            let mut handed = self.handed.lock().expect("the rows handed over");
+            handed.0.extend(rows);
+            handed.1.get_or_insert_with(Instant::now);
+        }
+        self.notify.notify_one();
+    }
+
+    /// The earliest wake to claim since the last call.
     fn take_since(&self) -> Option<Instant> {
         self.since.lock().expect("the wake time").take()
+    }
+
+    /// Whether a wake to claim is waiting.
+    fn claim_wanted(&self) -> bool {
+        self.since.lock().expect("the wake time").is_some()
+    }
+
+    /// The rows handed over since the last call, with the earliest hand-over's time.
+    fn take_handed(&self) -> (Vec<OutboxRow>, Option<Instant>) {
+        std::mem::take(&mut *self.handed.lock().expect("the rows handed over"))
     }
 }
 
@@ -162,13 +192,30 @@ impl OutboxRelay {
         let _ = listener.await;
     }
 
-    /// One loop of passes: each wake-up (or poll) publishes everything committed, then waits
-    /// for the next.
+    /// One loop of passes: each wake-up publishes the rows handed over and, when woken to
+    /// claim, at each poll and after a failure, claims and publishes everything else
+    /// committed; then it waits for the next wake-up. After a failure it waits out its backoff
+    /// whatever wakes it.
     async fn passes(self, cancel: CancellationToken) {
         let mut backoff = Duration::from_millis(100);
+        // `None`: the first pass claims whatever was committed before the start.
+        let mut last_claim: Option<Instant> = None;
+        let mut failed = false;
         loop {
-            let pause = match self.drain().await {
+            let claim = failed
+                || self.wake.claim_wanted()
+                || last_claim.is_none_or(|at| at.elapsed() >= self.poll_interval);
+            let pass = async {
+                let handed = self.publish_handed().await?;
+                let claimed = if claim { self.drain().await? } else { 0 };
+                anyhow::Ok(handed + claimed)
+            };
+            let pause = match pass.await {
                 Ok(_) => {
+                    if claim {
+                        last_claim = Some(Instant::now());
+                    }
+                    failed = false;
                     backoff = Duration::from_millis(100);
                     self.poll_interval
                 }
@@ -176,17 +223,21 @@ impl OutboxRelay {
                     self.metrics.failures.inc();
                     self.count_backlog().await;
                     tracing::warn!(error = %format!("{error:#}"), "outbox relay pass failed; will retry");
+                    failed = true;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     backoff
                 }
             };
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                _ = self.wake.notify.notified() => {}
+                _ = self.wake.notify.notified(), if !failed => {}
                 _ = tokio::time::sleep(pause) => {}
             }
         }
         // One last pass so that what was committed before the stop goes out now.
+        if let Err(error) = self.publish_handed().await {
+            tracing::warn!(error = %format!("{error:#}"), "final publish of the rows handed over failed; they are claimed once their hold is over");
+        }
         if let Err(error) = self.drain().await {
             tracing::warn!(error = %format!("{error:#}"), "final outbox pass failed; rows stay for the next start");
         }
@@ -215,6 +266,49 @@ impl OutboxRelay {
             tracing::debug!(published = total, "outbox rows published");
         }
         Ok(total)
+    }
+
+    /// Publishes the rows handed over (`outbox::Wake::HandOver`) and marks them published;
+    /// returns how many. When the publish fails their hold is ended, so that the next claim,
+    /// of this relay or another, takes them.
+    pub async fn publish_handed(&self) -> anyhow::Result<usize> {
+        let (rows, since) = self.wake.take_handed();
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        if let Some(since) = since {
+            self.stage("wake", since);
+        }
+        let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
+        let publishing = Instant::now();
+        let messages: Vec<Outgoing> = rows.iter().map(|row| self.outgoing(row)).collect();
+        let published = self.broker.publish_all(&messages).await;
+        let mut guard = self.conn.lock().await;
+        let conn = match guard.as_mut() {
+            Some(conn) => conn,
+            None => guard.insert(self.connect().await?),
+        };
+        let marked = match published {
+            Ok(()) => {
+                self.stage("publish", publishing);
+                // Lost (PostgreSQL down, or a crash before the asynchronous commit is
+                // flushed), the mark leaves the rows to be claimed and published again once
+                // their hold is over; the fan-out creates nothing twice.
+                outbox::mark_published(conn, &ids).await
+            }
+            Err(error) => {
+                // Lost too, the release leaves the rows to be claimed once their hold is over.
+                let _ = outbox::release(conn, &ids).await;
+                *guard = None;
+                return Err(error).context("publishing the outbox rows handed over");
+            }
+        };
+        if let Err(error) = marked {
+            *guard = None;
+            return Err(error).context("marking the outbox rows handed over published");
+        }
+        self.metrics.published.inc_by(rows.len() as u64);
+        Ok(rows.len())
     }
 
     async fn publish_batch(&self) -> anyhow::Result<usize> {

@@ -36,6 +36,7 @@ diesel::table! {
         payload -> Bytea,
         created_at -> Timestamptz,
         published_at -> Nullable<Timestamptz>,
+        held_until -> Nullable<Timestamptz>,
     }
 }
 

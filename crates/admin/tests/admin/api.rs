@@ -210,7 +210,7 @@ pub(crate) async fn seed_delivery(
         },
     };
     let event = NewEvent::new(&payload, None);
-    outbox::record_events(conn, std::slice::from_ref(&event), outbox::Wake::Listeners)
+    outbox::record_events(conn, std::slice::from_ref(&event), &outbox::Wake::Listeners)
         .await
         .unwrap();
     let id =

@@ -191,7 +191,7 @@ async fn seed_delivery(conn: &mut AsyncPgConnection, webhook_id: Uuid, success: 
         },
     };
     let event = NewEvent::new(&payload, None);
-    outbox::record_events(conn, std::slice::from_ref(&event), outbox::Wake::Listeners)
+    outbox::record_events(conn, std::slice::from_ref(&event), &outbox::Wake::Listeners)
         .await
         .unwrap();
     let id = tocsin_testkit::deliveries::create_delivery(

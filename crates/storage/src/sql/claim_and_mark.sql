@@ -1,7 +1,10 @@
--- Claims up to $1 unpublished outbox rows, oldest first, skipping rows another relay holds,
--- and marks them published at $2 in the same statement.
-UPDATE outbox SET published_at = $2
+-- Claims up to $1 unpublished outbox rows, oldest first, skipping rows another relay holds
+-- and rows handed over to their writer's relay (`held_until`, until it is over), and marks
+-- them published at $2 in the same statement.
+UPDATE outbox SET published_at = $2, held_until = NULL
 WHERE id IN (
-    SELECT id FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+    SELECT id FROM outbox
+    WHERE published_at IS NULL AND (held_until IS NULL OR held_until < $2)
+    ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
 )
 RETURNING id, topic, headers, payload

@@ -6,8 +6,10 @@
 -- match the partial index when planning, which a bound parameter does not allow.
 --
 -- `$14` is each row's inbound token (NULL: none to check): a row whose token is not live
--- (revoked, or deleted) opens nothing, and the statement answers that token's id with
--- `revoked` true, beside the ids of the incidents it opened.
+-- (revoked, or deleted) opens nothing. `$15` holds the outbox rows from every relay's claim
+-- until then (NULL: not held; `outbox::Wake`). The statement answers the ids of the
+-- incidents it opened (`revoked` false), the tokens that are not live (`revoked` true), and
+-- the outbox rows it wrote.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
             $7::uuid[], $8::text[], $9::int4[], $11::bytea[], $12::jsonb[], $13::jsonb[],
@@ -30,11 +32,16 @@ WITH input AS (
     INSERT INTO events (id, kind, incident_id, occurred_at, body)
     SELECT v.event_id, 'incidents.opened', v.id, $10, v.body FROM live v JOIN opened o ON o.id = v.id
 ), queued AS (
-    INSERT INTO outbox (topic, headers, payload)
-    SELECT 'event', COALESCE(v.headers, '{}'), v.message FROM live v JOIN opened o ON o.id = v.id
+    INSERT INTO outbox (topic, headers, payload, held_until)
+    SELECT 'event', COALESCE(v.headers, '{}'), v.message, $15 FROM live v JOIN opened o ON o.id = v.id
     ORDER BY v.arrival
+    RETURNING id, topic, headers, payload
 )
-SELECT id, false AS revoked FROM opened
+SELECT id, false AS revoked, NULL::int8 AS outbox_id, NULL::text AS topic, NULL::jsonb AS headers,
+    NULL::bytea AS payload
+FROM opened
 UNION ALL
-SELECT DISTINCT v.token_id, true FROM input v
+SELECT DISTINCT v.token_id, true, NULL::int8, NULL::text, NULL::jsonb, NULL::bytea FROM input v
 WHERE v.token_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM live l WHERE l.id = v.id)
+UNION ALL
+SELECT NULL::uuid, NULL::bool, id, topic, headers, payload FROM queued

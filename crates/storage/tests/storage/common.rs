@@ -104,7 +104,7 @@ pub(crate) async fn open(conn: &mut AsyncPgConnection, key: &str) -> NewEvent {
     let outcome = tocsin_testkit::apply_signals(
         conn,
         &[signal(key, AlertAction::Trigger)],
-        outbox::Wake::Caller,
+        outbox::Wake::Listeners,
     )
     .await
     .unwrap();
@@ -127,7 +127,7 @@ pub(crate) async fn record_test_event(conn: &mut AsyncPgConnection, webhook_id: 
     };
     let event = NewEvent::new(&payload, Some(webhook_id));
     conn.transaction::<_, tocsin_storage::DbError, _>(async |conn| {
-        outbox::record_events(conn, std::slice::from_ref(&event), outbox::Wake::Listeners).await
+        outbox::record_events(conn, std::slice::from_ref(&event), &outbox::Wake::Listeners).await
     })
     .await
     .unwrap();

@@ -172,7 +172,7 @@ async fn a_poison_alert_fails_alone_in_its_batch() {
         .map(|key| vec![signal(key, AlertAction::Trigger)].into())
         .collect();
     let answers = run_batch(&db.pool(), &bodies, &|conn, bodies| {
-        Box::pin(incidents::apply_alerts(conn, bodies, Wake::Caller))
+        Box::pin(incidents::apply_alerts(conn, bodies, Wake::Listeners))
     })
     .await;
     one_poisoned(&answers, 1);

@@ -100,7 +100,7 @@ async fn fan_out_delivers_to_undeleted_subscribed_webhooks_once_and_a_disabled_o
     let resolution = tocsin_testkit::apply_signals(
         &mut conn,
         &[signal("a", AlertAction::Resolve)],
-        outbox::Wake::Caller,
+        outbox::Wake::Listeners,
     )
     .await
     .unwrap()[0]

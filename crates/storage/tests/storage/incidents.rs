@@ -160,7 +160,7 @@ async fn recording_events_writes_one_event_outbox_row_per_event_and_no_delivery(
             vec![signal("a", AlertAction::Trigger)].into(),
             vec![signal("b", AlertAction::Trigger)].into(),
         ],
-        outbox::Wake::Caller,
+        outbox::Wake::Listeners,
     )
     .await
     .unwrap();
@@ -334,7 +334,7 @@ async fn a_body_whose_token_was_revoked_applies_nothing_and_its_batch_goes_on() 
             body("b", AlertAction::Trigger, revoked.id),
             body("c", AlertAction::Trigger, live.id),
         ],
-        outbox::Wake::Caller,
+        outbox::Wake::Listeners,
     )
     .await
     .unwrap();
@@ -354,7 +354,7 @@ async fn a_body_whose_token_was_revoked_applies_nothing_and_its_batch_goes_on() 
             body("a", AlertAction::Acknowledge, live.id),
             body("c", AlertAction::Acknowledge, revoked.id),
         ],
-        outbox::Wake::Caller,
+        outbox::Wake::Listeners,
     )
     .await
     .unwrap();

@@ -34,7 +34,7 @@ async fn ordered_webhook(conn: &mut AsyncPgConnection, name: &str) -> Webhook {
 
 /// Resolves the incident of `key`: its `status_changed` and `resolved` events.
 async fn resolve(conn: &mut AsyncPgConnection, key: &str) -> Vec<NewEvent> {
-    tocsin_testkit::apply_signals(conn, &[signal(key, AlertAction::Resolve)], Wake::Caller)
+    tocsin_testkit::apply_signals(conn, &[signal(key, AlertAction::Resolve)], Wake::Listeners)
         .await
         .unwrap()
         .remove(0)

@@ -155,7 +155,7 @@ async fn an_alert_bodys_headers_travel_on_its_event_messages() {
             ),
             body(vec![signal("plain", AlertAction::Trigger)], None),
         ],
-        outbox::Wake::Caller,
+        outbox::Wake::Listeners,
     )
     .await
     .unwrap();
@@ -169,7 +169,7 @@ async fn an_alert_bodys_headers_travel_on_its_event_messages() {
             vec![signal("traced", AlertAction::Acknowledge)],
             Some(traced(2)),
         )],
-        outbox::Wake::Caller,
+        outbox::Wake::Listeners,
     )
     .await
     .unwrap();
@@ -302,4 +302,62 @@ async fn the_relay_wakes_on_commit_and_catches_up_after_a_broker_outage() {
 
 async fn relay_failed(relay: &OutboxRelay) -> bool {
     relay.drain().await.is_err()
+}
+
+/// Rows handed over at commit (ingest's way, `Wake::HandOver`) are published by the relay they
+/// were handed to, without a claim, and marked published, from either way an alert is written
+/// (the statement that opens new keys, the transaction); while held, no claim takes them, and
+/// once the hold is over any relay does (their process stopped before publishing them).
+#[tokio::test]
+async fn rows_handed_over_go_out_through_their_relay_and_a_lost_hand_over_is_claimed_once_its_hold_is_over(
+) {
+    let db = TestDb::new().await;
+    let prefix = TestPrefix::new();
+    let (broker, relay) = broker_and_relay(&db, &prefix);
+    let queue = broker.topology().fanout_queue();
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let handed = outbox::Wake::HandOver(relay.waker());
+    let mut sent = Vec::new();
+    for action in [AlertAction::Trigger, AlertAction::Acknowledge] {
+        let outcomes =
+            tocsin_testkit::apply_signals(&mut conn, &[signal("handed", action)], handed.clone())
+                .await
+                .unwrap();
+        sent.push(outcomes[0].events[0].id);
+        assert_eq!(relay.drain().await.unwrap(), 0, "held from claims");
+        assert_eq!(relay.publish_handed().await.unwrap(), 1);
+    }
+    let got: Vec<uuid::Uuid> = drain_queue(&broker, &queue)
+        .await
+        .iter()
+        .map(|m| EventMessage::from_bytes(&m.data).unwrap().event_id)
+        .collect();
+    assert_eq!(got, sent);
+    assert_eq!(
+        db.count("outbox WHERE published_at IS NOT NULL AND held_until IS NULL")
+            .await,
+        2
+    );
+
+    // Handed to a relay that never takes them: held, then claimed by any relay.
+    let lost = outbox::Wake::HandOver(Default::default());
+    tocsin_testkit::apply_signals(&mut conn, &[signal("lost", AlertAction::Trigger)], lost)
+        .await
+        .unwrap();
+    assert_eq!(relay.drain().await.unwrap(), 0, "held from claims");
+    assert_eq!(relay.publish_handed().await.unwrap(), 0, "handed elsewhere");
+    diesel_async::RunQueryDsl::execute(
+        diesel::sql_query(
+            "UPDATE outbox SET held_until = now() - interval '1 second' WHERE held_until IS NOT NULL",
+        ),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        relay.drain().await.unwrap(),
+        1,
+        "claimed once the hold is over"
+    );
+    assert_eq!(drain_queue(&broker, &queue).await.len(), 1);
 }

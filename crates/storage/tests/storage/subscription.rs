@@ -241,7 +241,7 @@ async fn filters_choose_the_webhooks_an_event_reaches() {
     // labelled team=db and env=prod.
     let mut alert = signal("generic:filtered", AlertAction::Trigger);
     alert.labels = labels(&[("team", "db"), ("env", "prod")]);
-    let outcome = tocsin_testkit::apply_signals(&mut conn, &[alert], outbox::Wake::Caller)
+    let outcome = tocsin_testkit::apply_signals(&mut conn, &[alert], outbox::Wake::Listeners)
         .await
         .unwrap();
     let event = outcome[0].events[0].clone();
