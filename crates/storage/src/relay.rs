@@ -1,8 +1,11 @@
 //! The outbox relay: publishes committed outbox rows to RabbitMQ with publisher
-//! confirms and marks them published. It is woken as soon as a transaction commits: in process
-//! through [`OutboxRelay::waker`] (ingest, whose transactions do not `NOTIFY`: PostgreSQL
-//! serialises notifying commits), across processes by PostgreSQL `NOTIFY` (admin's writes), and
-//! it polls as a fallback. Several relays may run at once: rows are claimed with `FOR UPDATE SKIP LOCKED`.
+//! confirms and marks them published. Ingest hands it its rows at commit, held from every
+//! relay's claim (the hand-over, [`RelayWaker::hand_over`]: ingest's transactions do not
+//! `NOTIFY`, as PostgreSQL serialises notifying commits, and the relay publishes them without
+//! reading them back). Other rows it claims, woken as soon as a transaction commits: in process
+//! through [`OutboxRelay::waker`], across processes by PostgreSQL `NOTIFY` (admin's writes),
+//! and by a poll as a fallback. Several relays may run at once: rows are claimed with `FOR
+//! UPDATE SKIP LOCKED`.
 //! While RabbitMQ is down the rows wait, and are published once it is back.
 //!
 //! The relay works on a connection of its own with `synchronous_commit = off`: its only write
