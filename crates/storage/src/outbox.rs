@@ -3,13 +3,14 @@
 //! the events exchange, where dispatchers fan them out and any other consumer may subscribe).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use diesel::prelude::*;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use time::OffsetDateTime;
+use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::relay::RelayWaker;
 use crate::schema::{events, outbox};
 use crate::statement::Statement;
 use crate::DbError;
@@ -270,6 +271,61 @@ pub(crate) async fn notify(conn: &mut AsyncPgConnection) -> Result<(), DbError> 
         .execute(conn)
         .await?;
     Ok(())
+}
+
+/// Wakes the relay after a commit that wrote outbox rows: to claim them from the table
+/// ([`RelayWaker::wake`]), or to publish rows handed over to it ([`RelayWaker::hand_over`], the
+/// hand-over).
+/// Keeps the time of the earliest wake or hand-over not yet answered: the relay's `wake` stage
+/// runs from it to the claim, or to the publish of the rows handed over.
+#[derive(Default)]
+pub struct RelayWaker {
+    pub(crate) notify: Notify,
+    /// The earliest wake to claim not yet answered.
+    since: std::sync::Mutex<Option<Instant>>,
+    /// Rows handed over and not yet taken, with the time of the earliest hand-over.
+    handed: std::sync::Mutex<(Vec<OutboxRow>, Option<Instant>)>,
+}
+
+impl RelayWaker {
+    /// Call after committing outbox rows that are not handed over: the relay claims them at
+    /// once.
+    pub fn wake(&self) {
+        self.since
+            .lock()
+            .expect("the wake time")
+            .get_or_insert_with(Instant::now);
+        self.notify.notify_one();
+    }
+
+    /// Call with committed outbox rows written held (`outbox::Wake::HandOver`): the relay
+    /// publishes them at once, without reading them back.
+    pub fn hand_over(&self, rows: Vec<OutboxRow>) {
+        if rows.is_empty() {
+            return;
+        }
+        {
+            let mut handed = self.handed.lock().expect("the rows handed over");
+            handed.0.extend(rows);
+            handed.1.get_or_insert_with(Instant::now);
+        }
+        self.notify.notify_one();
+    }
+
+    /// The earliest wake to claim since the last call.
+    pub(crate) fn take_since(&self) -> Option<Instant> {
+        self.since.lock().expect("the wake time").take()
+    }
+
+    /// Whether a wake to claim is waiting.
+    pub(crate) fn claim_wanted(&self) -> bool {
+        self.since.lock().expect("the wake time").is_some()
+    }
+
+    /// The rows handed over since the last call, with the earliest hand-over's time.
+    pub(crate) fn take_handed(&self) -> (Vec<OutboxRow>, Option<Instant>) {
+        std::mem::take(&mut *self.handed.lock().expect("the rows handed over"))
+    }
 }
 
 /// An outbox row waiting to be published.

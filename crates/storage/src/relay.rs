@@ -20,9 +20,10 @@ use anyhow::Context;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use futures::StreamExt;
 use prometheus::{HistogramVec, IntCounter, IntGauge, Registry};
-use tokio::sync::{Mutex, Notify};
+use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::outbox::RelayWaker;
 use crate::outbox::{self, OutboxRow, Topic, NOTIFY_CHANNEL};
 use crate::{DbError, DbPool};
 use tocsin_broker::messages::published_at_header;
@@ -81,60 +82,6 @@ impl RelayMetrics {
             backlog,
             stages,
         })
-    }
-}
-
-/// Wakes the relay after a commit that wrote outbox rows: to claim them from the table
-/// ([`RelayWaker::wake`]), or to publish rows handed over to it ([`RelayWaker::hand_over`]).
-/// Keeps the time of the earliest wake or hand-over not yet answered: the relay's `wake` stage
-/// runs from it to the claim, or to the publish of the rows handed over.
-#[derive(Default)]
-pub struct RelayWaker {
-    notify: Notify,
-    /// The earliest wake to claim not yet answered.
-    since: std::sync::Mutex<Option<Instant>>,
-    /// Rows handed over and not yet taken, with the time of the earliest hand-over.
-    handed: std::sync::Mutex<(Vec<OutboxRow>, Option<Instant>)>,
-}
-
-impl RelayWaker {
-    /// Call after committing outbox rows that are not handed over: the relay claims them at
-    /// once.
-    pub fn wake(&self) {
-        self.since
-            .lock()
-            .expect("the wake time")
-            .get_or_insert_with(Instant::now);
-        self.notify.notify_one();
-    }
-
-    /// Call with committed outbox rows written held (`outbox::Wake::HandOver`): the relay
-    /// publishes them at once, without reading them back.
-    pub fn hand_over(&self, rows: Vec<OutboxRow>) {
-        if rows.is_empty() {
-            return;
-        }
-        {
-            let mut handed = self.handed.lock().expect("the rows handed over");
-            handed.0.extend(rows);
-            handed.1.get_or_insert_with(Instant::now);
-        }
-        self.notify.notify_one();
-    }
-
-    /// The earliest wake to claim since the last call.
-    fn take_since(&self) -> Option<Instant> {
-        self.since.lock().expect("the wake time").take()
-    }
-
-    /// Whether a wake to claim is waiting.
-    fn claim_wanted(&self) -> bool {
-        self.since.lock().expect("the wake time").is_some()
-    }
-
-    /// The rows handed over since the last call, with the earliest hand-over's time.
-    fn take_handed(&self) -> (Vec<OutboxRow>, Option<Instant>) {
-        std::mem::take(&mut *self.handed.lock().expect("the rows handed over"))
     }
 }
 
