@@ -375,8 +375,12 @@ async fn handle(
     format_label: &mut &'static str,
 ) -> Result<HttpResponse, IngestError> {
     let opsgenie = !matches!(call, Call::Alerts { .. });
-    let Authenticated { token, presented } =
-        authenticate(req, query_token, opsgenie, state).await?;
+    let Authenticated {
+        token,
+        presented,
+        cached,
+    } = authenticate(req, query_token, opsgenie, state).await?;
+    let unconfirmed = cached.then_some(&presented);
     let answer = accept(
         req,
         payload,
@@ -384,10 +388,11 @@ async fn handle(
         state,
         format_label,
         &token,
-        presented.as_ref(),
+        &presented,
+        unconfirmed,
     )
     .await;
-    match (answer, &presented) {
+    match (answer, unconfirmed) {
         // A refusal for any other reason is the token's first if it was revoked meanwhile.
         (Err(error), Some(presented)) if !matches!(error, IngestError::Unauthorized) => {
             confirm_live(presented, state).await?;
@@ -412,7 +417,9 @@ async fn confirm_live(presented: &AccessToken, state: &IngestState) -> Result<()
     }
 }
 
-/// Answers an authenticated request (`presented`: its token came from the token cache).
+/// Answers an authenticated request, its token `token` as `presented` (`unconfirmed`: it came
+/// from the token cache).
+#[allow(clippy::too_many_arguments)]
 async fn accept(
     req: &HttpRequest,
     payload: web::Payload,
@@ -420,7 +427,8 @@ async fn accept(
     state: &IngestState,
     format_label: &mut &'static str,
     token: &LiveToken,
-    presented: Option<&AccessToken>,
+    presented: &AccessToken,
+    unconfirmed: Option<&AccessToken>,
 ) -> Result<HttpResponse, IngestError> {
     state
         .limiter
@@ -482,7 +490,7 @@ async fn accept(
     } = parsed;
     if signals.is_empty() || notice.is_some() {
         // No write checks the token: the database does, unless it just did.
-        if let Some(presented) = presented {
+        if let Some(presented) = unconfirmed {
             confirm_live(presented, state).await?;
         }
     }
@@ -505,9 +513,7 @@ async fn accept(
         match applied {
             Ok(outcomes) => outcomes,
             Err(TokenRevoked) => {
-                if let Some(presented) = presented {
-                    state.tokens.forget(presented);
-                }
+                state.tokens.forget(presented);
                 return Err(IngestError::Unauthorized);
             }
         }
@@ -568,9 +574,11 @@ fn sns_text(req: &HttpRequest, format: Option<AlertFormat>) -> bool {
 /// A request's live token.
 struct Authenticated {
     token: LiveToken,
-    /// The token as presented when it came from the token cache: not yet confirmed live by the
-    /// database for this request (the write that applies the body confirms it).
-    presented: Option<AccessToken>,
+    /// The token as presented.
+    presented: AccessToken,
+    /// It came from the token cache: not yet confirmed live by the database for this request
+    /// (the write that applies the body confirms it).
+    cached: bool,
 }
 
 /// The request's live token, if it presented one the way the token accepts: from the token
@@ -588,7 +596,8 @@ async fn authenticate(
     let authenticated = match state.tokens.get(&presented) {
         Some(token) => Authenticated {
             token,
-            presented: Some(presented),
+            presented,
+            cached: true,
         },
         None => {
             let token = state.batched.authenticate(presented.clone()).await?;
@@ -596,7 +605,8 @@ async fn authenticate(
             state.tokens.insert(&presented, token.clone());
             Authenticated {
                 token,
-                presented: None,
+                presented,
+                cached: false,
             }
         }
     };
