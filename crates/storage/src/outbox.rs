@@ -172,11 +172,10 @@ pub async fn mark_published<C>(conn: &mut C, ids: &[i64]) -> Result<(), DbError>
 where
     C: diesel_async::AsyncConnectionCore<Backend = diesel::pg::Pg> + Send,
 {
-    diesel::update(outbox::table.filter(outbox::id.eq_any(ids)))
-        .set((
-            outbox::published_at.eq(OffsetDateTime::now_utc()),
-            outbox::held_until.eq(None::<OffsetDateTime>),
-        ))
+    // A `Statement`, prepared once per connection: diesel prepares an `eq_any` anew on every
+    // call, and this runs once for every alert.
+    Statement::new("UPDATE outbox SET published_at = now(), held_until = NULL WHERE id = ANY($1)")
+        .bind::<diesel::sql_types::Array<diesel::sql_types::BigInt>, _>(ids)
         .execute(conn)
         .await?;
     Ok(())
@@ -187,8 +186,8 @@ pub async fn release<C>(conn: &mut C, ids: &[i64]) -> Result<(), DbError>
 where
     C: diesel_async::AsyncConnectionCore<Backend = diesel::pg::Pg> + Send,
 {
-    diesel::update(outbox::table.filter(outbox::id.eq_any(ids)))
-        .set(outbox::held_until.eq(None::<OffsetDateTime>))
+    Statement::new("UPDATE outbox SET held_until = NULL WHERE id = ANY($1)")
+        .bind::<diesel::sql_types::Array<diesel::sql_types::BigInt>, _>(ids)
         .execute(conn)
         .await?;
     Ok(())
@@ -322,9 +321,19 @@ impl RelayWaker {
         self.since.lock().expect("the wake time").is_some()
     }
 
-    /// The rows handed over since the last call, with the earliest hand-over's time.
-    pub(crate) fn take_handed(&self) -> (Vec<OutboxRow>, Option<Instant>) {
-        std::mem::take(&mut *self.handed.lock().expect("the rows handed over"))
+    /// Up to `limit` of the rows handed over, oldest first, with the earliest hand-over's
+    /// time; the rest wait for the next call, which the relay is woken for.
+    pub(crate) fn take_handed(&self, limit: usize) -> (Vec<OutboxRow>, Option<Instant>) {
+        let mut handed = self.handed.lock().expect("the rows handed over");
+        if handed.0.len() <= limit {
+            return std::mem::take(&mut *handed);
+        }
+        let rest = handed.0.split_off(limit);
+        let taken = std::mem::replace(&mut handed.0, rest);
+        self.notify.notify_one();
+        // The rest were handed over no earlier than the taken: their wait is counted from the
+        // same time.
+        (taken, handed.1)
     }
 }
 
@@ -372,4 +381,38 @@ pub async fn backlog(conn: &mut AsyncPgConnection) -> Result<i64, DbError> {
         .count()
         .get_result(conn)
         .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: i64) -> OutboxRow {
+        OutboxRow {
+            id,
+            topic: "event".into(),
+            headers: serde_json::json!({}),
+            payload: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn rows_handed_over_are_taken_oldest_first_at_most_a_batch_at_a_time() {
+        let waker = RelayWaker::default();
+        waker.hand_over((1..=5).map(row).collect());
+        let (taken, since) = waker.take_handed(2);
+        assert_eq!(taken.iter().map(|r| r.id).collect::<Vec<_>>(), [1, 2]);
+        assert!(since.is_some());
+        let (taken, rest_since) = waker.take_handed(2);
+        assert_eq!(taken.iter().map(|r| r.id).collect::<Vec<_>>(), [3, 4]);
+        assert_eq!(
+            rest_since, since,
+            "the rest's wait counts from the first hand-over"
+        );
+        let (taken, _) = waker.take_handed(2);
+        assert_eq!(taken.iter().map(|r| r.id).collect::<Vec<_>>(), [5]);
+        let (taken, since) = waker.take_handed(2);
+        assert!(taken.is_empty());
+        assert_eq!(since, None);
+    }
 }

@@ -185,8 +185,15 @@ impl OutboxRelay {
             }
         }
         // One last pass so that what was committed before the stop goes out now.
-        if let Err(error) = self.publish_handed().await {
-            tracing::warn!(error = %format!("{error:#}"), "final publish of the rows handed over failed; they are claimed once their hold is over");
+        loop {
+            match self.publish_handed().await {
+                Ok(published) if published == BATCH as usize => continue,
+                Ok(_) => break,
+                Err(error) => {
+                    tracing::warn!(error = %format!("{error:#}"), "final publish of the rows handed over failed; they are claimed once their hold is over");
+                    break;
+                }
+            }
         }
         if let Err(error) = self.drain().await {
             tracing::warn!(error = %format!("{error:#}"), "final outbox pass failed; rows stay for the next start");
@@ -222,7 +229,7 @@ impl OutboxRelay {
     /// returns how many. When the publish fails their hold is ended, so that the next claim,
     /// of this relay or another, takes them.
     pub async fn publish_handed(&self) -> anyhow::Result<usize> {
-        let (rows, since) = self.wake.take_handed();
+        let (rows, since) = self.wake.take_handed(BATCH as usize);
         if rows.is_empty() {
             return Ok(0);
         }
@@ -248,8 +255,10 @@ impl OutboxRelay {
             }
             Err(error) => {
                 // Lost too, the release leaves the rows to be claimed once their hold is over.
-                let _ = outbox::release(conn, &ids).await;
-                *guard = None;
+                if outbox::release(conn, &ids).await.is_err() {
+                    // The connection may be broken: a fresh one next time.
+                    *guard = None;
+                }
                 return Err(error).context("publishing the outbox rows handed over");
             }
         };
