@@ -26,15 +26,17 @@ pub struct FloorConfig {
     pub database_url: String,
     pub amqp_url: String,
     pub samples: usize,
+    /// The pause before each sample (zero: back to back).
+    pub interval: Duration,
 }
 
 /// Measures both steps; the report's figures are their p50 and p99 in milliseconds, and the
 /// floor of the path (two commits and one publish's way to a consumer, at p50).
 pub async fn floor(config: FloorConfig) -> anyhow::Result<Report> {
-    let commit = commits(&config.database_url, config.samples)
+    let commit = commits(&config.database_url, config.samples, config.interval)
         .await
         .context("measuring commits")?;
-    let (confirm, arrival) = publishes(&config.amqp_url, config.samples)
+    let (confirm, arrival) = publishes(&config.amqp_url, config.samples, config.interval)
         .await
         .context("measuring publishes")?;
     let mut report = Report::new("floor");
@@ -53,13 +55,23 @@ pub async fn floor(config: FloorConfig) -> anyhow::Result<Report> {
     Ok(report)
 }
 
+async fn pause(interval: Duration) {
+    if !interval.is_zero() {
+        tokio::time::sleep(interval).await;
+    }
+}
+
 fn percentiles(took: Vec<Duration>) -> anyhow::Result<Percentiles> {
     Percentiles::of(took.iter().map(|d| d.as_secs_f64() * 1000.0).collect())
         .context("no sample taken")
 }
 
 /// One-row inserts, each its own transaction, into a table made for it and dropped after.
-async fn commits(database_url: &str, samples: usize) -> anyhow::Result<Percentiles> {
+async fn commits(
+    database_url: &str,
+    samples: usize,
+    interval: Duration,
+) -> anyhow::Result<Percentiles> {
     let (client, connection) = tokio_postgres::connect(database_url, tokio_postgres::NoTls)
         .await
         .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
@@ -76,6 +88,7 @@ async fn commits(database_url: &str, samples: usize) -> anyhow::Result<Percentil
     let mut took = Vec::with_capacity(samples);
     let measured = async {
         for n in 0..samples {
+            pause(interval).await;
             let at = Instant::now();
             client.execute(&insert, &[&(n as i32)]).await?;
             took.push(at.elapsed());
@@ -94,7 +107,11 @@ async fn commits(database_url: &str, samples: usize) -> anyhow::Result<Percentil
 /// Persistent messages published one at a time to a quorum queue made for it and deleted
 /// after, each waited for its confirm and for its arrival at a consumer on a connection of its
 /// own: the times to the confirm and to the arrival.
-async fn publishes(amqp_url: &str, samples: usize) -> anyhow::Result<(Percentiles, Percentiles)> {
+async fn publishes(
+    amqp_url: &str,
+    samples: usize,
+    interval: Duration,
+) -> anyhow::Result<(Percentiles, Percentiles)> {
     let connect = || async {
         Connection::connect(amqp_url, ConnectionProperties::default())
             .await
@@ -139,6 +156,7 @@ async fn publishes(amqp_url: &str, samples: usize) -> anyhow::Result<(Percentile
     let mut arrived = Vec::with_capacity(samples);
     let measured = async {
         for _ in 0..samples {
+            pause(interval).await;
             let at = Instant::now();
             let confirm = channel
                 .basic_publish(

@@ -187,6 +187,11 @@ enum Scenario {
         /// Commits and publishes measured, each.
         #[arg(long, default_value_t = 500)]
         samples: usize,
+        /// The pause before each sample (e.g. 50ms, the gap between alerts at 20/s): at a low
+        /// rate the processes on the way wait idle between alerts, and an idle machine answers
+        /// slower than a busy one. 0: back to back.
+        #[arg(long, default_value = "0s", value_parser = parse_duration)]
+        interval: Duration,
     },
     /// Deliveries to a failing receiver path, so that they sit in the retry queue; samples the
     /// dispatcher's RSS every second and reports its min and max.
@@ -230,11 +235,13 @@ async fn main() -> anyhow::Result<()> {
             database_url,
             amqp_url,
             samples,
+            interval,
         } => {
             tocsin_bench::floor::floor(FloorConfig {
                 database_url: database_url.clone(),
                 amqp_url: amqp_url.clone(),
                 samples: *samples,
+                interval: *interval,
             })
             .await?
         }
