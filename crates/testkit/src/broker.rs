@@ -15,6 +15,29 @@ pub fn management_api() -> String {
         .unwrap_or_else(|_| "http://guest:guest@127.0.0.1:15672".to_owned())
 }
 
+/// Checks once per process that the management API listens (see [`TestPrefix::new`]).
+fn require_management_api() {
+    static LISTENING: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    LISTENING.get_or_init(|| {
+        let api = management_api();
+        let address = reqwest::Url::parse(&api)
+            .ok()
+            .and_then(|url| url.socket_addrs(|| None).ok())
+            .and_then(|addresses| addresses.into_iter().next());
+        let listening = address.is_some_and(|address| {
+            std::net::TcpStream::connect_timeout(&address, std::time::Duration::from_secs(5))
+                .is_ok()
+        });
+        assert!(
+            listening,
+            "RabbitMQ's management API does not answer at {}: run the tests with \
+             deploy/local/test, which enables it (or `rabbitmq-plugins enable \
+             rabbitmq_management`); without it every test's retry queues are left behind",
+            tocsin_domain::redact_url(&api)
+        );
+    });
+}
+
 /// A prefix of its own for one test. Its queues and exchanges are deleted on drop.
 #[derive(Debug)]
 pub struct TestPrefix {
@@ -22,7 +45,11 @@ pub struct TestPrefix {
 }
 
 impl TestPrefix {
+    /// A new prefix. Panics when the management API does not answer: a test's retry queues are
+    /// named after its schedule, so without the API they cannot be found to be deleted on drop,
+    /// and the queues left behind by a whole run exhaust the broker's file handles.
     pub fn new() -> TestPrefix {
+        require_management_api();
         TestPrefix {
             prefix: format!("test-{}", uuid::Uuid::new_v4().simple()),
         }
