@@ -172,13 +172,12 @@ pub async fn mark_published<C>(conn: &mut C, ids: &[i64]) -> Result<(), DbError>
 where
     C: diesel_async::AsyncConnectionCore<Backend = diesel::pg::Pg> + Send,
 {
-    // A `Statement`, prepared once per connection: diesel prepares an `eq_any` anew on every
-    // call, and this runs once for every alert.
-    Statement::new("UPDATE outbox SET published_at = now(), held_until = NULL WHERE id = ANY($1)")
-        .bind::<diesel::sql_types::Array<diesel::sql_types::BigInt>, _>(ids)
-        .execute(conn)
-        .await?;
-    Ok(())
+    update_rows(
+        conn,
+        "UPDATE outbox SET published_at = now(), held_until = NULL WHERE id = ANY($1)",
+        ids,
+    )
+    .await
 }
 
 /// Ends the hold of rows handed over whose publish failed: every relay may claim them now.
@@ -186,7 +185,21 @@ pub async fn release<C>(conn: &mut C, ids: &[i64]) -> Result<(), DbError>
 where
     C: diesel_async::AsyncConnectionCore<Backend = diesel::pg::Pg> + Send,
 {
-    Statement::new("UPDATE outbox SET held_until = NULL WHERE id = ANY($1)")
+    update_rows(
+        conn,
+        "UPDATE outbox SET held_until = NULL WHERE id = ANY($1)",
+        ids,
+    )
+    .await
+}
+
+/// Runs `sql`, an update of the rows whose ids are `$1`, as a `Statement` prepared once per
+/// connection: diesel prepares an `eq_any` anew on every call, and these run for every alert.
+async fn update_rows<C>(conn: &mut C, sql: &'static str, ids: &[i64]) -> Result<(), DbError>
+where
+    C: diesel_async::AsyncConnectionCore<Backend = diesel::pg::Pg> + Send,
+{
+    Statement::new(sql)
         .bind::<diesel::sql_types::Array<diesel::sql_types::BigInt>, _>(ids)
         .execute(conn)
         .await?;

@@ -241,10 +241,7 @@ impl OutboxRelay {
         let messages: Vec<Outgoing> = rows.iter().map(|row| self.outgoing(row)).collect();
         let published = self.broker.publish_all(&messages).await;
         let mut guard = self.conn.lock().await;
-        let conn = match guard.as_mut() {
-            Some(conn) => conn,
-            None => guard.insert(self.connect().await?),
-        };
+        let conn = self.connection(&mut guard).await?;
         let marked = match published {
             Ok(()) => {
                 self.stage("publish", publishing);
@@ -272,10 +269,7 @@ impl OutboxRelay {
 
     async fn publish_batch(&self) -> anyhow::Result<usize> {
         let mut guard = self.conn.lock().await;
-        let conn = match guard.as_mut() {
-            Some(conn) => conn,
-            None => guard.insert(self.connect().await?),
-        };
+        let conn = self.connection(&mut guard).await?;
         let result = self.publish_on(conn).await;
         if result.is_err() {
             // The connection may be broken or mid-transaction: open a fresh one next time.
@@ -284,6 +278,18 @@ impl OutboxRelay {
         let published = result?;
         self.metrics.published.inc_by(published as u64);
         Ok(published)
+    }
+
+    /// The relay's connection in `slot`, opened when there is none.
+    async fn connection<'a>(
+        &self,
+        slot: &'a mut Option<AsyncPgConnection>,
+    ) -> anyhow::Result<&'a mut AsyncPgConnection> {
+        let conn = match slot.take() {
+            Some(conn) => conn,
+            None => self.connect().await?,
+        };
+        Ok(slot.insert(conn))
     }
 
     /// Opens the relay's connection: asynchronous commit for its marks (see the module doc).
