@@ -375,24 +375,9 @@ async fn handle(
     format_label: &mut &'static str,
 ) -> Result<HttpResponse, IngestError> {
     let opsgenie = !matches!(call, Call::Alerts { .. });
-    let Authenticated {
-        token,
-        presented,
-        cached,
-    } = authenticate(req, query_token, opsgenie, state).await?;
-    let unconfirmed = cached.then_some(&presented);
-    let answer = accept(
-        req,
-        payload,
-        call,
-        state,
-        format_label,
-        &token,
-        &presented,
-        unconfirmed,
-    )
-    .await;
-    match (answer, unconfirmed) {
+    let authenticated = authenticate(req, query_token, opsgenie, state).await?;
+    let answer = accept(req, payload, call, state, format_label, &authenticated).await;
+    match (answer, authenticated.unconfirmed()) {
         // A refusal for any other reason is the token's first if it was revoked meanwhile.
         (Err(error), Some(presented)) if !matches!(error, IngestError::Unauthorized) => {
             confirm_live(presented, state).await?;
@@ -417,19 +402,19 @@ async fn confirm_live(presented: &AccessToken, state: &IngestState) -> Result<()
     }
 }
 
-/// Answers an authenticated request, its token `token` as `presented` (`unconfirmed`: it came
-/// from the token cache).
-#[allow(clippy::too_many_arguments)]
+/// Answers an authenticated request.
 async fn accept(
     req: &HttpRequest,
     payload: web::Payload,
     call: Call,
     state: &IngestState,
     format_label: &mut &'static str,
-    token: &LiveToken,
-    presented: &AccessToken,
-    unconfirmed: Option<&AccessToken>,
+    authenticated: &Authenticated,
 ) -> Result<HttpResponse, IngestError> {
+    let Authenticated {
+        token, presented, ..
+    } = authenticated;
+    let unconfirmed = authenticated.unconfirmed();
     state
         .limiter
         .check(token.id)
@@ -579,6 +564,13 @@ struct Authenticated {
     /// It came from the token cache: not yet confirmed live by the database for this request
     /// (the write that applies the body confirms it).
     cached: bool,
+}
+
+impl Authenticated {
+    /// The token as presented while it is not yet confirmed live for this request.
+    fn unconfirmed(&self) -> Option<&AccessToken> {
+        self.cached.then_some(&self.presented)
+    }
 }
 
 /// The request's live token, if it presented one the way the token accepts: from the token
