@@ -2,6 +2,8 @@
 -- to `waiting` for reason $3, unless they moved on meanwhile or an attempt is under way.
 UPDATE deliveries d SET state = 'waiting', wait_reason = $3, updated_at = now()
 FROM unnest($1::uuid[], $2::int4[]) AS v(id, auto_attempts)
-WHERE d.id = v.id AND d.state IN ('pending', 'retrying')
+-- Found by key; `IS TRUE` keeps the planner off the partial index `deliveries_due` (see
+-- `SESSION_SETTINGS`).
+WHERE d.id = v.id AND (d.state IN ('pending', 'retrying')) IS TRUE
     AND d.auto_attempts = v.auto_attempts AND d.attempting_until IS NULL
 RETURNING d.id

@@ -11,6 +11,7 @@ mod fan_out;
 mod incidents;
 mod migrations;
 mod ordering;
+mod plans;
 mod pool;
 mod relay;
 mod retention;

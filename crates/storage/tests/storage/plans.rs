@@ -1,0 +1,80 @@
+//! Plans: a statement that finds rows by key reads them by key, however few rows the partial
+//! indexes on the same table hold live. Each statement is planned as the services plan it (once
+//! per connection, generically), after statistics that make those indexes look cheap; a plan
+//! through one of them would visit every entry left since the index's last vacuum, on every
+//! call (see `tocsin_storage::SESSION_SETTINGS`).
+
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use tocsin_testkit::deliveries::answered;
+use tocsin_testkit::TestDb;
+
+use crate::common::{claim_auto, complete, completion, delivery_to, webhook_for_every_event};
+
+/// Each statement, its parameters, the partial index it must not read and its table's key.
+const BY_KEY: [(&str, &str, usize, &str, &str); 3] = [
+    (
+        "complete.sql",
+        include_str!("../../src/sql/complete.sql"),
+        13,
+        "attempts_under_way",
+        "attempts_pkey",
+    ),
+    (
+        "wait.sql",
+        include_str!("../../src/sql/wait.sql"),
+        3,
+        "deliveries_due",
+        "deliveries_pkey",
+    ),
+    (
+        "waits_for.sql",
+        include_str!("../../src/sql/waits_for.sql"),
+        1,
+        "deliveries_waiting",
+        "deliveries_pkey",
+    ),
+];
+
+#[tokio::test]
+async fn statements_that_find_rows_by_key_read_them_by_key() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool().get().await.unwrap();
+    // 40 deliveries: 34 succeeded, 4 with their first attempt under way, 2 due, none waiting.
+    let webhook = webhook_for_every_event(&mut conn, "by key").await;
+    for n in 0..40 {
+        let id = delivery_to(&mut conn, &format!("by key {n}"), webhook.id).await;
+        if n < 38 {
+            let job = claim_auto(&mut conn, id, 0).await.unwrap();
+            if n >= 4 {
+                complete(&mut conn, completion(&job, answered(200)))
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    run(&mut conn, "ANALYZE deliveries, attempts".into()).await;
+    for (file, sql, parameters, partial, key) in BY_KEY {
+        let name = file.trim_end_matches(".sql");
+        run(&mut conn, format!("PREPARE {name} AS {sql}")).await;
+        let nulls = vec!["NULL"; parameters].join(", ");
+        let plan = explain(&mut conn, format!("EXPLAIN EXECUTE {name}({nulls})")).await;
+        assert!(
+            plan.contains(key) && !plan.contains(partial),
+            "{file} does not find its rows by key ({key}):\n{plan}"
+        );
+    }
+}
+
+async fn run(conn: &mut AsyncPgConnection, statement: String) {
+    diesel::sql_query(statement).execute(conn).await.unwrap();
+}
+
+async fn explain(conn: &mut AsyncPgConnection, statement: String) -> String {
+    #[derive(diesel::QueryableByName)]
+    struct PlanLine {
+        #[diesel(sql_type = diesel::sql_types::Text, column_name = "QUERY PLAN")]
+        line: String,
+    }
+    let lines: Vec<PlanLine> = diesel::sql_query(statement).load(conn).await.unwrap();
+    lines.into_iter().map(|l| l.line + "\n").collect()
+}
