@@ -293,6 +293,11 @@ pub(crate) async fn end_lease(conn: &mut AsyncPgConnection, id: Uuid, ago: &str)
     .unwrap();
 }
 
+/// Runs SQL of the test's own (set-up, plans), which must succeed.
+pub(crate) async fn execute(conn: &mut AsyncPgConnection, sql: String) {
+    diesel::sql_query(sql).execute(conn).await.unwrap();
+}
+
 /// Logged attempts of a delivery.
 pub(crate) async fn attempt_rows(db: &TestDb, id: Uuid) -> i64 {
     db.count(&format!("attempts WHERE delivery_id = '{id}'"))

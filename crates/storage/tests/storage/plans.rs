@@ -8,7 +8,9 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use tocsin_testkit::deliveries::answered;
 use tocsin_testkit::TestDb;
 
-use crate::common::{claim_auto, complete, completion, delivery_to, webhook_for_every_event};
+use crate::common::{
+    claim_auto, complete, completion, delivery_to, execute, webhook_for_every_event,
+};
 
 /// Each statement, its parameters, the partial index it must not read and its table's key.
 const BY_KEY: [(&str, &str, usize, &str, &str); 3] = [
@@ -52,10 +54,10 @@ async fn statements_that_find_rows_by_key_read_them_by_key() {
             }
         }
     }
-    run(&mut conn, "ANALYZE deliveries, attempts".into()).await;
+    execute(&mut conn, "ANALYZE deliveries, attempts".into()).await;
     for (file, sql, parameters, partial, key) in BY_KEY {
         let name = file.trim_end_matches(".sql");
-        run(&mut conn, format!("PREPARE {name} AS {sql}")).await;
+        execute(&mut conn, format!("PREPARE {name} AS {sql}")).await;
         let nulls = vec!["NULL"; parameters].join(", ");
         let plan = explain(&mut conn, format!("EXPLAIN EXECUTE {name}({nulls})")).await;
         assert!(
@@ -63,10 +65,6 @@ async fn statements_that_find_rows_by_key_read_them_by_key() {
             "{file} does not find its rows by key ({key}):\n{plan}"
         );
     }
-}
-
-async fn run(conn: &mut AsyncPgConnection, statement: String) {
-    diesel::sql_query(statement).execute(conn).await.unwrap();
 }
 
 async fn explain(conn: &mut AsyncPgConnection, statement: String) -> String {

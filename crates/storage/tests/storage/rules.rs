@@ -18,7 +18,7 @@ use tocsin_testkit::deliveries::claim_rules;
 use tocsin_testkit::TestDb;
 use uuid::Uuid;
 
-use crate::common::{delivery_to, webhook_for_every_event};
+use crate::common::{delivery_to, execute, webhook_for_every_event};
 
 /// A delivery made to stand as `standing`, with `act`'s other conditions granted.
 struct Subject {
@@ -29,10 +29,6 @@ struct Subject {
     open_automatic: Option<i32>,
     /// The number of the manual attempt without an outcome, for a manual attempt's outcome.
     open_manual: Option<i32>,
-}
-
-async fn execute(conn: &mut AsyncPgConnection, sql: String) {
-    diesel::sql_query(sql).execute(conn).await.unwrap();
 }
 
 async fn subject(conn: &mut AsyncPgConnection, standing: Standing, act: Act, n: usize) -> Subject {
