@@ -1,5 +1,5 @@
 //! The operator's command line: `tocsin-admin token ...` (inbound tokens, for bootstrapping and
-//! scripts), `migrate`, `deliveries failed|retry|recover`, `prune` and `parked list|replay`. Only the token goes to
+//! scripts), `migrate`, `reshape`, `deliveries failed|retry|recover`, `prune` and `parked list|replay`. Only the token goes to
 //! stdout on `token create`, so `TOKEN=$(tocsin-admin token create --name x)` captures it;
 //! everything else a command says about itself goes to stderr.
 
@@ -50,9 +50,33 @@ pub async fn prune(args: PruneArgs) -> anyhow::Result<()> {
     )
     .await?;
     eprintln!(
-        "pruned {} deliveries (with their attempts), {} events, {} outbox rows",
-        pruned.deliveries, pruned.events, pruned.outbox
+        "pruned {} days of the delivery log ({} more emptied but for {} unfinished deliveries), \
+         {} deliveries (with their attempts) and {} events row by row, {} outbox rows",
+        pruned.days.dropped,
+        pruned.days.emptied,
+        pruned.days.kept,
+        pruned.deliveries,
+        pruned.events,
+        pruned.outbox
     );
+    Ok(())
+}
+
+/// `tocsin-admin reshape`.
+pub async fn reshape(args: MigrateArgs) -> anyhow::Result<()> {
+    let mut conn = connect(&args.common.database_url).await?;
+    let reshaped = tocsin_storage::partitions::reshape(&mut conn, time::OffsetDateTime::now_utc())
+        .await
+        .context("moving the delivery log into day partitions")?;
+    if reshaped.tables.is_empty() {
+        eprintln!("the delivery log is already in day partitions");
+    } else {
+        eprintln!(
+            "moved {} into day partitions ({} deliveries given a time-ordered id)",
+            reshaped.tables.join(", "),
+            reshaped.rekeyed
+        );
+    }
     Ok(())
 }
 

@@ -16,7 +16,7 @@
 //! | `TOCSIN_SECURE_COOKIES` | `false` | mark the settings pages' session cookie `Secure` (set it when admin is reached over HTTPS) |
 //!
 //! The operator commands (`tocsin-admin token create --name NAME`, `token list`,
-//! `token revoke ID`, `migrate`, `deliveries failed|retry|recover`, `prune`) read only the common
+//! `token revoke ID`, `migrate`, `reshape`, `deliveries failed|retry|recover`, `prune`) read only the common
 //! settings (in practice `DATABASE_URL`), migrate the database first, and need no admin token.
 
 use std::fmt;
@@ -194,6 +194,9 @@ pub enum Command {
     Deliveries(DeliveriesArgs),
     /// Delete finished deliveries, their attempts and events older than the retention, now.
     Prune(PruneArgs),
+    /// Move a delivery log that holds rows into day partitions, while the services run (upgrade
+    /// every service to this release first; see docs/operations.md).
+    Reshape(MigrateArgs),
     /// The parking queue (messages that could not be processed): list them, or replay them.
     Parked(ParkedArgs),
 }

@@ -23,6 +23,7 @@ async fn main() -> ExitCode {
         Command::Migrate(args) => tocsin_admin::cli::migrate(args).await,
         Command::Deliveries(args) => tocsin_admin::cli::deliveries(args).await,
         Command::Prune(args) => tocsin_admin::cli::prune(args).await,
+        Command::Reshape(args) => tocsin_admin::cli::reshape(args).await,
         Command::Parked(args) => tocsin_admin::cli::parked(args).await,
     };
     tocsin_web::config::exit_code("tocsin-admin", result)

@@ -15,6 +15,7 @@ pub mod fan_out;
 pub mod health;
 pub mod incidents;
 pub mod outbox;
+pub mod partitions;
 pub mod relay;
 pub mod replays;
 pub mod retention;
@@ -411,7 +412,9 @@ async fn connect_for_pool(url: String) -> diesel::ConnectionResult<AsyncPgConnec
     Ok(conn)
 }
 
-/// Applies pending migrations under an advisory lock; returns how many were applied.
+/// Applies pending migrations under an advisory lock; returns how many were applied. Then puts
+/// a delivery log that holds nothing yet in day partitions (one that holds rows is reshaped by
+/// `tocsin-admin reshape`, [`partitions::reshape`]), and makes the partitions of the days ahead.
 pub async fn migrate(database_url: &str) -> anyhow::Result<usize> {
     let mut conn = AsyncPgConnection::establish(database_url)
         .await
@@ -436,11 +439,28 @@ pub async fn migrate(database_url: &str) -> anyhow::Result<usize> {
     .await
     .context("the migration task panicked")?;
     let mut conn: AsyncPgConnection = wrapper.into_inner();
+    let partitioned = async {
+        applied.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let now = OffsetDateTime::now_utc();
+        if !partitions::partitioned(&mut conn).await?
+            && !partitions::holds_history(&mut conn).await?
+        {
+            partitions::reshape(&mut conn, now)
+                .await
+                .context("putting the delivery log in day partitions")?;
+        }
+        partitions::create_ahead(&mut conn, now.date())
+            .await
+            .context("putting the delivery log in day partitions")
+    }
+    .await;
     diesel::sql_query(format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})"))
         .execute(&mut conn)
         .await
         .context("releasing the migration lock")?;
-    applied
+    let applied = applied?;
+    partitioned?;
+    Ok(applied)
 }
 
 /// Checks that a connection can be had and answers, within `timeout`.

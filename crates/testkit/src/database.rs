@@ -19,12 +19,20 @@ fn url_for(database: &str) -> String {
 
 static TEMPLATE: OnceCell<String> = OnceCell::const_new();
 
-/// The template's name carries a hash of the migrations, so a changed migration makes a new one.
+/// The template's name carries a hash of the migrations, of the code that puts the delivery log
+/// in day partitions, and of today's date (a template's partitions start on the day it was
+/// made), so a change to any of them makes a new one.
 fn template_name() -> String {
     let mut context = digest::Context::new(&digest::SHA256);
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../storage/migrations");
-    let mut files = Vec::new();
-    let mut dirs = vec![root];
+    let storage = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../storage");
+    let mut files = vec![storage.join("src/partitions.rs")];
+    context.update(
+        time::OffsetDateTime::now_utc()
+            .date()
+            .to_string()
+            .as_bytes(),
+    );
+    let mut dirs = vec![storage.join("migrations")];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             let path = entry.path();

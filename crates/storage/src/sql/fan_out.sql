@@ -4,8 +4,9 @@
 -- event's incident, its alert format or source, its labels), or for a test event its one
 -- undeleted webhook. Idempotent: a pair that has its delivery already gets none (a
 -- redelivered event creates nothing twice). Rows are inserted in key order, so that
--- concurrent fan-outs wait for each other's rows in one order. New ids are UUIDv7s (a
--- millisecond timestamp, then random bits), like those made in Rust.
+-- concurrent fan-outs wait for each other's rows in one order. New ids are UUIDv7s with the
+-- event's millisecond time, then random bits: a delivery is in its event's day partition
+-- (`partitions.rs`).
 --
 -- A delivery to a disabled webhook starts `waiting` (`webhook_disabled`): listed, and sent
 -- only when an operator recovers it. Whether a webhook is disabled is read from its row locked
@@ -118,7 +119,7 @@ WITH given AS (
          auto_attempts, attempting_until, next_attempt_at, created_at, updated_at, replayed)
     SELECT
         encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
-            PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+            PLACING substring(uuid_send(t.event_id) FROM 1 FOR 6)
             FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid,
         t.webhook_id, t.event_id, t.kind, t.incident_id,
         CASE WHEN NOT t.enabled OR t.busy OR t.behind THEN 'waiting' ELSE 'pending' END,
@@ -132,7 +133,8 @@ WITH given AS (
         now(), now(), $9::uuid IS NOT NULL
     FROM targets t
     ORDER BY t.event_id, t.webhook_id
-    ON CONFLICT (event_id, webhook_id) DO NOTHING
+    -- No conflict target: in day partitions, each day's own unique index is the arbiter.
+    ON CONFLICT DO NOTHING
     RETURNING *
 ), logged AS (
     INSERT INTO attempts (delivery_id, number, trigger, started_at, request_headers)

@@ -1,20 +1,22 @@
-//! Retention (`retention::prune`): which old rows go (finished deliveries with their attempts,
-//! events no delivery refers to once their outbox row was published, published outbox rows) and
-//! which stay.
+//! Retention (`retention::prune`): days of the delivery log past retention go whole, but for
+//! their unfinished deliveries (with their attempts and events); published outbox rows go after
+//! their own retention.
 
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AsyncConnection, AsyncPgConnection};
 use time::OffsetDateTime;
 use tocsin_storage::deliveries;
 use tocsin_testkit::deliveries::{answered, record_attempt};
 use tocsin_testkit::TestDb;
 
-use crate::common::{delivery_to, open, webhook_for_every_event};
+use crate::common::{delivery_to, execute, open, webhook_for_every_event};
 
-/// Retention removes old finished deliveries (with their attempts), old events no delivery refers
-/// to unless their outbox row still waits for the relay, and old published outbox rows.
+/// A day past retention goes whole, but for its unfinished deliveries, which stay with their
+/// attempts and events (and an event whose outbox row still waits for the relay); a day within
+/// retention stays; a day left with only what it keeps is not touched again, and once that is
+/// finished too, the day's partitions are dropped.
 #[tokio::test]
-async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
-    use tocsin_storage::retention;
+async fn a_day_past_retention_goes_whole_but_for_its_unfinished_deliveries() {
+    use tocsin_storage::{partitions, retention};
 
     let db = TestDb::new().await;
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
@@ -28,78 +30,130 @@ async fn retention_prunes_old_finished_deliveries_and_keeps_the_rest() {
     // Two events never fanned out: one announced, one whose announcement still waits.
     open(&mut conn, "announced").await;
     let unannounced = open(&mut conn, "unannounced").await;
-    // Three old finished deliveries, one old unfinished, one recent finished.
-    for (state, age, id) in [
-        ("succeeded", 40, delivery_ids[0]),
-        ("failed", 40, delivery_ids[1]),
-        ("succeeded", 31, delivery_ids[2]),
-        ("retrying", 40, delivery_ids[3]),
-        ("succeeded", 2, delivery_ids[4]),
+    for (state, id) in [
+        ("succeeded", delivery_ids[0]),
+        ("failed", delivery_ids[1]),
+        ("succeeded", delivery_ids[2]),
+        ("retrying", delivery_ids[3]),
+        ("waiting", delivery_ids[4]),
     ] {
-        diesel::sql_query(format!(
-            "UPDATE deliveries SET state = '{state}', updated_at = now() - interval '{age} days' \
-             WHERE id = '{id}'"
-        ))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        let reason = if state == "waiting" {
+            "'webhook_disabled'"
+        } else {
+            "NULL"
+        };
+        execute(
+            &mut conn,
+            format!(
+                "UPDATE deliveries SET state = '{state}', wait_reason = {reason} \
+                 WHERE id = '{id}'"
+            ),
+        )
+        .await;
     }
-    for statement in [
-        "UPDATE events SET occurred_at = now() - interval '40 days'".to_owned(),
+    execute(
+        &mut conn,
         format!(
             "UPDATE outbox SET published_at = now() - interval '2 days' \
              WHERE convert_from(payload, 'UTF8')::jsonb ->> 'event_id' <> '{}'",
             unannounced.id
         ),
-    ] {
-        diesel::sql_query(statement)
-            .execute(&mut conn)
-            .await
-            .unwrap();
-    }
+    )
+    .await;
     let now = OffsetDateTime::now_utc();
-    let prune = async |conn: &mut AsyncPgConnection| {
-        retention::prune(
-            conn,
-            now - time::Duration::days(30),
-            now - time::Duration::DAY,
-        )
-        .await
-        .unwrap()
+    let today = now.date();
+    let prune = async |conn: &mut AsyncPgConnection, cutoff: OffsetDateTime| {
+        retention::prune(conn, cutoff, now - time::Duration::DAY)
+            .await
+            .unwrap()
     };
+    let (events, attempts) = (db.count("events").await, db.count("attempts").await);
+
+    // Within retention: nothing of the delivery log goes.
+    let pruned = prune(&mut conn, now - time::Duration::days(30)).await;
+    assert_eq!(pruned.days, partitions::Expired::default());
     assert_eq!(
-        prune(&mut conn).await,
-        retention::Pruned {
-            deliveries: 3,
-            events: 4,
-            outbox: 6,
-            outcome_buckets: 0,
-        },
-        "the pruned deliveries' events and the announced one go, not the unannounced one"
+        pruned.outbox, 6,
+        "published outbox rows have their own retention"
     );
-    assert_eq!(db.count("attempts").await, 2, "attempts go with deliveries");
+    assert_eq!(db.count("deliveries").await, 5);
+    assert_eq!(db.count("events").await, events);
+
+    // Today past retention (the cutoff at the next midnight): all but what is unfinished goes.
+    let end_of_today = (today + time::Duration::DAY).midnight().assume_utc();
+    let pruned = prune(&mut conn, end_of_today).await;
+    assert_eq!(
+        pruned.days,
+        partitions::Expired {
+            dropped: 0,
+            emptied: 1,
+            kept: 2
+        }
+    );
+    assert_eq!(db.count("deliveries").await, 2);
     for kept in [delivery_ids[3], delivery_ids[4]] {
-        assert!(deliveries::get(&mut conn, kept).await.is_ok());
+        let delivery = deliveries::get(&mut conn, kept)
+            .await
+            .expect("a kept delivery");
+        assert_eq!(
+            db.count(&format!("events WHERE id = '{}'", delivery.event_id))
+                .await,
+            1,
+            "a kept delivery keeps its event"
+        );
+        assert_eq!(
+            db.count(&format!("attempts WHERE delivery_id = '{kept}'"))
+                .await,
+            1,
+            "a kept delivery keeps its attempts"
+        );
     }
+    assert!(attempts > 2);
+    assert_eq!(db.count("attempts").await, 2);
     assert_eq!(
         db.count(&format!("events WHERE id = '{}'", unannounced.id))
             .await,
-        1
+        1,
+        "an event still to announce stays"
     );
-    // Once announced, it goes too.
-    diesel::sql_query(
-        "UPDATE outbox SET published_at = now() - interval '2 days' WHERE published_at IS NULL",
+    assert_eq!(db.count("events").await, 3);
+
+    // Only what it keeps is left: the day is not emptied again.
+    let pruned = prune(&mut conn, end_of_today).await;
+    assert_eq!(pruned.days, partitions::Expired::default());
+    assert_eq!(db.count("deliveries").await, 2);
+
+    // Once those are finished and announced, the day's partitions are dropped.
+    execute(
+        &mut conn,
+        "UPDATE deliveries SET state = 'failed', wait_reason = NULL".to_owned(),
     )
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    assert_eq!(
-        prune(&mut conn).await,
-        retention::Pruned {
-            events: 1,
-            outbox: 1,
-            ..Default::default()
-        }
+    .await;
+    execute(
+        &mut conn,
+        "UPDATE outbox SET published_at = now() - interval '2 days'".to_owned(),
+    )
+    .await;
+    let pruned = prune(&mut conn, end_of_today).await;
+    assert_eq!(pruned.days.dropped, 1);
+    for table in ["events", "deliveries", "attempts"] {
+        assert_eq!(db.count(table).await, 0, "{table}");
+        let day = format!(
+            "{table}_{:04}{:02}{:02}",
+            today.year(),
+            u8::from(today.month()),
+            today.day()
+        );
+        assert_eq!(
+            db.count(&format!("pg_class WHERE relname = '{day}'")).await,
+            0,
+            "{day} is dropped"
+        );
+    }
+    // The days ahead are still there: today's work goes on in tomorrow's partition.
+    assert!(
+        db.count("pg_inherits WHERE inhparent = 'deliveries'::regclass")
+            .await
+            >= 7
     );
-    assert_eq!(prune(&mut conn).await, retention::Pruned::default());
 }

@@ -1,0 +1,652 @@
+//! The delivery log in day partitions: `events`, `deliveries` and `attempts` grow with traffic,
+//! so each is partitioned by day, and retention removes a whole day at once instead of
+//! deleting row by row ([`expire`]).
+//!
+//! - `events` by `id`, `deliveries` by `id`, `attempts` by `delivery_id`. Ids are UUIDv7s, whose
+//!   first 48 bits are a millisecond time, so a day is a range of ids: `[day_floor(d),
+//!   day_floor(d + 1))`. A delivery's id carries its event's time (`sql/fan_out.sql`), so an
+//!   event, its deliveries and their attempts always share a day, and a lookup by id reads one
+//!   partition.
+//! - A delivery is unique per (event, webhook): every delivery of an event is in the event's day,
+//!   so each day's partition enforces it with a unique index of its own (PostgreSQL allows a
+//!   unique index on a partitioned table only if it holds the partition key).
+//! - Partitions are named `<table>_<yyyymmdd>` and made [`DAYS_AHEAD`] days ahead, at every
+//!   start ([`crate::migrate`]) and every retention pass. The history of a database reshaped
+//!   while holding rows ([`reshape`]) stays in one partition, `<table>_before_<yyyymmdd>`, for
+//!   every id before that day.
+//! - Unfinished deliveries are never removed: when a day with some expires, they are kept with
+//!   their attempts and events, and the rest of the day goes.
+
+use diesel::sql_types::{BigInt, Bool, Text};
+use diesel::QueryableByName;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use serde::Serialize;
+use time::{Date, OffsetDateTime};
+use uuid::Uuid;
+
+use crate::DbError;
+
+/// How many days ahead of today partitions exist.
+pub const DAYS_AHEAD: i64 = 7;
+
+/// The partitioned tables, each with its partition key, in the order they are reshaped.
+pub const TABLES: [(&str, &str); 3] = [
+    ("events", "id"),
+    ("deliveries", "id"),
+    ("attempts", "delivery_id"),
+];
+
+/// How long a reshape or an expiry waits for a lock before trying again: the services' own
+/// statements wait behind it meanwhile, so it stays short.
+const LOCK_TIMEOUT: &str = "2s";
+/// How often a step that waits for a lock is tried before the reshape or expiry gives up.
+const LOCK_TRIES: usize = 30;
+
+/// The first UUIDv7 of a day (UTC): its time in milliseconds, then zeros.
+pub fn day_floor(day: Date) -> Uuid {
+    let millis = (day.midnight().assume_utc().unix_timestamp_nanos() / 1_000_000) as u64;
+    let mut bytes = [0u8; 16];
+    bytes[..6].copy_from_slice(&millis.to_be_bytes()[2..]);
+    Uuid::from_bytes(bytes)
+}
+
+fn partition_name(table: &str, day: Date) -> String {
+    format!(
+        "{table}_{:04}{:02}{:02}",
+        day.year(),
+        u8::from(day.month()),
+        day.day()
+    )
+}
+
+fn before_name(table: &str, day: Date) -> String {
+    partition_name(&format!("{table}_before"), day)
+}
+
+/// The day a partition's name ends with.
+fn name_day(name: &str) -> Option<Date> {
+    let digits = name.rsplit('_').next()?;
+    if digits.len() != 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let year: i32 = digits[..4].parse().ok()?;
+    let month: u8 = digits[4..6].parse().ok()?;
+    let day: u8 = digits[6..].parse().ok()?;
+    Date::from_calendar_date(year, month.try_into().ok()?, day).ok()
+}
+
+#[derive(QueryableByName)]
+struct Flag {
+    #[diesel(sql_type = Bool)]
+    flag: bool,
+}
+
+#[derive(QueryableByName)]
+struct Name {
+    #[diesel(sql_type = Text)]
+    name: String,
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    count: i64,
+}
+
+/// The one boolean `sql` answers (as `flag`).
+async fn flag(conn: &mut AsyncPgConnection, sql: &str) -> Result<bool, DbError> {
+    let rows: Vec<Flag> = diesel::sql_query(sql).load(conn).await?;
+    Ok(rows.into_iter().next().is_some_and(|row| row.flag))
+}
+
+/// The one number `sql` answers (as `count`).
+async fn count(conn: &mut AsyncPgConnection, sql: &str) -> Result<i64, DbError> {
+    let rows: Vec<Count> = diesel::sql_query(sql).load(conn).await?;
+    Ok(rows.into_iter().next().map_or(0, |row| row.count))
+}
+
+/// Whether the delivery log is in day partitions.
+pub async fn partitioned(conn: &mut AsyncPgConnection) -> Result<bool, DbError> {
+    flag(
+        conn,
+        "SELECT count(*) = 3 AS flag FROM pg_class \
+         WHERE relname IN ('events', 'deliveries', 'attempts') AND relkind = 'p' \
+           AND relnamespace = current_schema()::regnamespace",
+    )
+    .await
+}
+
+/// Whether `events`, `deliveries` or `attempts` holds a row.
+pub async fn holds_history(conn: &mut AsyncPgConnection) -> Result<bool, DbError> {
+    flag(
+        conn,
+        "SELECT EXISTS (SELECT 1 FROM events) OR EXISTS (SELECT 1 FROM deliveries) \
+             OR EXISTS (SELECT 1 FROM attempts) AS flag",
+    )
+    .await
+}
+
+/// The partitions of `table`, by name.
+async fn partitions_of(conn: &mut AsyncPgConnection, table: &str) -> Result<Vec<String>, DbError> {
+    let rows: Vec<Name> = diesel::sql_query(format!(
+        "SELECT c.relname::text AS name FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+         WHERE i.inhparent = '{table}'::regclass ORDER BY 1"
+    ))
+    .load(conn)
+    .await?;
+    Ok(rows.into_iter().map(|row| row.name).collect())
+}
+
+/// Makes the day partitions from today to [`DAYS_AHEAD`] days ahead that do not exist yet
+/// (none before the `before` partition's end); returns how many tables it made. Does nothing
+/// while the delivery log is not partitioned.
+pub async fn create_ahead(conn: &mut AsyncPgConnection, today: Date) -> Result<usize, DbError> {
+    if !partitioned(conn).await? {
+        return Ok(0);
+    }
+    let mut made = 0;
+    for (table, _) in TABLES {
+        let existing = partitions_of(conn, table).await?;
+        let first = existing
+            .iter()
+            .filter(|name| name.starts_with(&format!("{table}_before_")))
+            .filter_map(|name| name_day(name))
+            .max()
+            .map_or(today, |end| end.max(today));
+        for offset in 0..=DAYS_AHEAD {
+            let day = today + time::Duration::days(offset);
+            if day < first || existing.contains(&partition_name(table, day)) {
+                continue;
+            }
+            with_lock_retries(conn, |conn| Box::pin(make_day(conn, table, day))).await?;
+            made += 1;
+        }
+    }
+    Ok(made)
+}
+
+/// Makes one day's partition of `table`: a table of the same shape, attached for the day's ids
+/// (attaching takes a weaker lock on the parent than `CREATE TABLE ... PARTITION OF`). Fails
+/// when another partition holds ids of that day.
+pub async fn make_day(conn: &mut AsyncPgConnection, table: &str, day: Date) -> Result<(), DbError> {
+    let name = partition_name(table, day);
+    let (from, to) = (day_floor(day), day_floor(day + time::Duration::DAY));
+    conn.transaction::<_, DbError, _>(async |conn| {
+        // The parent's indexes, made before attaching under names that say the day and the
+        // index (`deliveries_20261127_by_webhook`), so that plans read plainly.
+        let mut indexes = String::new();
+        for (index, definition, primary) in index_definitions(conn, table).await? {
+            let own = format!("{name}_{}", index.trim_start_matches(&format!("{table}_")));
+            let parent = format!(" ON ONLY public.{table} ");
+            if primary || !definition.contains(&parent) {
+                continue;
+            }
+            indexes.push_str(&format!(
+                "{};\n",
+                definition
+                    .replacen(&format!(" {index} "), &format!(" {own} "), 1)
+                    .replacen(&parent, &format!(" ON {name} "), 1)
+            ));
+        }
+        if table == "deliveries" {
+            indexes.push_str(&format!(
+                "CREATE UNIQUE INDEX {name}_event_webhook ON {name} (event_id, webhook_id);"
+            ));
+        }
+        conn.batch_execute(&format!(
+            "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';
+             CREATE TABLE IF NOT EXISTS {name}
+                 (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+             {indexes}
+             ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES FROM ('{from}') TO ('{to}');"
+        ))
+        .await?;
+        Ok(())
+    })
+    .await
+}
+
+/// Runs `step` until it does not fail for want of a lock, at most [`LOCK_TRIES`] times.
+async fn with_lock_retries<T, F>(conn: &mut AsyncPgConnection, mut step: F) -> Result<T, DbError>
+where
+    F: for<'c> FnMut(
+        &'c mut AsyncPgConnection,
+    ) -> futures::future::BoxFuture<'c, Result<T, DbError>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match step(conn).await {
+            Err(error) if tries < LOCK_TRIES && lock_timed_out(&error) => {
+                tracing::info!(%error, tries, "waiting for a lock on the delivery log; trying again");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+fn lock_timed_out(error: &DbError) -> bool {
+    let text = error.to_string();
+    text.contains("lock timeout") || text.contains("could not obtain lock")
+}
+
+/// What a reshape did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Reshaped {
+    /// The tables moved into day partitions (none: they already were).
+    pub tables: Vec<String>,
+    /// Deliveries whose id was not a UUIDv7 of their time, given one (only the 2026-11-24
+    /// migration made such ids).
+    pub rekeyed: i64,
+}
+
+/// Moves `events`, `deliveries` and `attempts` into day partitions, online: the services keep
+/// reading and writing them throughout. A table that holds rows keeps them in one partition,
+/// `<table>_before_<day>`, for every id before `day` (the day after tomorrow), checked first by
+/// a constraint validated without blocking writes; then, in one short transaction per table,
+/// the table is renamed, the partitioned table made in its place, and the old one attached to
+/// it. An empty table is simply replaced. Safe to run again: a partitioned table is left as it
+/// is, and a step cut short is taken up where it stopped.
+///
+/// Every service of this version works on either shape. A service of an earlier version does
+/// not work on the new one (its fan-out names the unique constraint of `deliveries`, which the
+/// partitioned table does not have): upgrade every service before reshaping a database that
+/// holds rows (`tocsin-admin reshape`); an empty one is reshaped by [`crate::migrate`].
+pub async fn reshape(
+    conn: &mut AsyncPgConnection,
+    now: OffsetDateTime,
+) -> Result<Reshaped, DbError> {
+    let mut reshaped = Reshaped::default();
+    let today = now.date();
+    let cut_day = today + time::Duration::days(2);
+    let cut = day_floor(cut_day);
+    // Foreign keys between the partitioned tables would keep a day from being removed alone.
+    for (table, constraint) in [
+        ("deliveries", "deliveries_event_id_fkey"),
+        ("attempts", "attempts_delivery_id_fkey"),
+    ] {
+        with_lock_retries(conn, |conn| {
+            Box::pin(async move {
+                conn.batch_execute(&format!(
+                    "SET lock_timeout = '{LOCK_TIMEOUT}';
+                     ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {constraint};
+                     RESET lock_timeout;"
+                ))
+                .await?;
+                Ok(())
+            })
+        })
+        .await?;
+    }
+    for (table, key) in TABLES {
+        if is_partitioned(conn, table).await? {
+            continue;
+        }
+        let empty = flag(
+            conn,
+            &format!("SELECT NOT EXISTS (SELECT 1 FROM {table}) AS flag"),
+        )
+        .await?;
+        if !empty {
+            if table == "deliveries" {
+                reshaped.rekeyed = rekey(conn, cut).await?;
+            }
+            let check = format!("{table}_before_reshape");
+            with_lock_retries(conn, |conn| {
+                let check = check.clone();
+                Box::pin(async move {
+                    conn.batch_execute(&format!(
+                        "SET lock_timeout = '{LOCK_TIMEOUT}';
+                         ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {check};
+                         ALTER TABLE {table} ADD CONSTRAINT {check} CHECK ({key} < '{cut}') NOT VALID;
+                         RESET lock_timeout;"
+                    ))
+                    .await?;
+                    Ok(())
+                })
+            })
+            .await?;
+            // Reads the whole table, without blocking its writes.
+            conn.batch_execute(&format!("ALTER TABLE {table} VALIDATE CONSTRAINT {check}"))
+                .await?;
+        }
+        with_lock_retries(conn, |conn| {
+            Box::pin(async move { swap(conn, table, key, empty, cut_day, today).await })
+        })
+        .await?;
+        reshaped.tables.push(table.to_owned());
+    }
+    create_ahead(conn, today).await?;
+    Ok(reshaped)
+}
+
+async fn is_partitioned(conn: &mut AsyncPgConnection, table: &str) -> Result<bool, DbError> {
+    flag(
+        conn,
+        &format!("SELECT relkind = 'p' AS flag FROM pg_class WHERE oid = '{table}'::regclass"),
+    )
+    .await
+}
+
+/// Gives every delivery whose id is at or past `cut` (a random, not a time-ordered, id) a
+/// UUIDv7 of its event's time, and moves its attempts with it.
+async fn rekey(conn: &mut AsyncPgConnection, cut: Uuid) -> Result<i64, DbError> {
+    count(
+        conn,
+        &format!(
+            "WITH moved AS (
+             SELECT id AS old, {new} AS new FROM deliveries WHERE id >= '{cut}'
+         ), attempts_moved AS (
+             UPDATE attempts a SET delivery_id = m.new FROM moved m WHERE a.delivery_id = m.old
+         ), deliveries_moved AS (
+             UPDATE deliveries d SET id = m.new FROM moved m WHERE d.id = m.old RETURNING 1
+         )
+         SELECT count(*) AS count FROM deliveries_moved",
+            new = delivery_id_sql("deliveries.event_id"),
+        ),
+    )
+    .await
+}
+
+/// The SQL of a new delivery id for the event whose id is `event_id`: a UUIDv7 with the
+/// event's millisecond time and random bits (`sql/fan_out.sql` makes them the same way).
+fn delivery_id_sql(event_id: &str) -> String {
+    format!(
+        "encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) \
+         PLACING substring(uuid_send({event_id}) FROM 1 FOR 6) FROM 1 FOR 6), 52, 1), 53, 1), \
+         'hex')::uuid"
+    )
+}
+
+/// The indexes of `table` as `CREATE INDEX` statements, with `table` as written.
+async fn index_definitions(
+    conn: &mut AsyncPgConnection,
+    table: &str,
+) -> Result<Vec<(String, String, bool)>, DbError> {
+    #[derive(QueryableByName)]
+    struct Index {
+        #[diesel(sql_type = Text)]
+        name: String,
+        #[diesel(sql_type = Text)]
+        definition: String,
+        #[diesel(sql_type = Bool)]
+        primary: bool,
+    }
+    let rows: Vec<Index> = diesel::sql_query(format!(
+        "SELECT c.relname::text AS name, pg_get_indexdef(i.indexrelid) AS definition, \
+             i.indisprimary AS primary \
+         FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+         WHERE i.indrelid = '{table}'::regclass ORDER BY 1"
+    ))
+    .load(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| (row.name, row.definition, row.primary))
+        .collect())
+}
+
+/// The one transaction that puts the partitioned table in `table`'s place.
+async fn swap(
+    conn: &mut AsyncPgConnection,
+    table: &'static str,
+    key: &'static str,
+    empty: bool,
+    cut_day: Date,
+    today: Date,
+) -> Result<(), DbError> {
+    conn.transaction::<_, DbError, _>(async |conn| {
+        conn.batch_execute(&format!(
+            "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE;"
+        ))
+        .await?;
+        let indexes = index_definitions(conn, table).await?;
+        let old = if empty {
+            format!("{table}_replaced")
+        } else {
+            before_name(table, cut_day)
+        };
+        let mut sql = format!("ALTER TABLE {table} RENAME TO {old};\n");
+        for (name, _, _) in &indexes {
+            sql.push_str(&format!("ALTER INDEX {name} RENAME TO {old}_{name};\n"));
+        }
+        sql.push_str(&format!(
+            "CREATE TABLE {table} (LIKE {old} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
+                 PARTITION BY RANGE ({key});
+             ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {table}_before_reshape;\n"
+        ));
+        for (name, definition, primary) in &indexes {
+            let on_old = format!(" ON public.{table} ");
+            if *primary {
+                // The partition key is the primary key, or its first column.
+                let columns = definition
+                    .split_once(" USING btree (")
+                    .map(|(_, rest)| rest.trim_end_matches(')'))
+                    .unwrap_or(key);
+                sql.push_str(&format!(
+                    "ALTER TABLE {table} ADD CONSTRAINT {name} PRIMARY KEY ({columns});\n"
+                ));
+            } else if definition.starts_with("CREATE UNIQUE INDEX") {
+                // Unique without the partition key: each day's partition has its own.
+                continue;
+            } else if definition.contains(&on_old) {
+                sql.push_str(&format!("{};\n", definition.replacen(&on_old, &format!(" ON {table} "), 1)));
+            }
+        }
+        if table == "deliveries" {
+            sql.push_str(
+                "ALTER TABLE deliveries ADD CONSTRAINT deliveries_webhook_id_fkey
+                     FOREIGN KEY (webhook_id) REFERENCES webhooks (id);\n",
+            );
+        }
+        if table == "events" {
+            sql.push_str("ALTER SEQUENCE events_seq OWNED BY events.seq;\n");
+        }
+        if empty {
+            sql.push_str(&format!("DROP TABLE {old};\n"));
+        } else {
+            sql.push_str(&format!(
+                "ALTER TABLE {table} ATTACH PARTITION {old} FOR VALUES FROM (MINVALUE) TO ('{}');\n",
+                day_floor(cut_day)
+            ));
+        }
+        conn.batch_execute(&sql).await?;
+        let first = if empty { today } else { cut_day };
+        let mut day = first;
+        while day <= today + time::Duration::days(DAYS_AHEAD) {
+            make_day(conn, table, day).await?;
+            day += time::Duration::DAY;
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// What an expiry removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Expired {
+    /// Days whose partitions were dropped whole.
+    pub dropped: usize,
+    /// Days emptied but for their unfinished deliveries (with their attempts and events).
+    pub emptied: usize,
+    /// Unfinished deliveries kept in expired days.
+    pub kept: i64,
+}
+
+/// Removes every day that ended before `cutoff`: a day without unfinished deliveries is
+/// detached and dropped (all three tables' partitions of it); a day with some keeps them, their
+/// attempts and their events, and loses everything else in one short transaction. Either
+/// takes time by the day's unfinished deliveries, not by its size. Does nothing while the
+/// delivery log is not partitioned.
+pub async fn expire(
+    conn: &mut AsyncPgConnection,
+    cutoff: OffsetDateTime,
+) -> Result<Expired, DbError> {
+    let mut expired = Expired::default();
+    if !partitioned(conn).await? {
+        return Ok(expired);
+    }
+    let mut suffixes = Vec::new();
+    for name in partitions_of(conn, "deliveries").await? {
+        let Some(day) = name_day(&name) else { continue };
+        // A day's partition ends at the next midnight; a `before` one at its day's.
+        let ends = if name.starts_with("deliveries_before_") {
+            day
+        } else {
+            day + time::Duration::DAY
+        };
+        if ends.midnight().assume_utc() <= cutoff {
+            suffixes.push(name.trim_start_matches("deliveries").to_owned());
+        }
+    }
+    for suffix in suffixes {
+        let names: Vec<String> = TABLES.iter().map(|(t, _)| format!("{t}{suffix}")).collect();
+        let kept = keep_unfinished(conn, names).await?;
+        if kept.is_none() {
+            for (table, _) in TABLES {
+                drop_partition(conn, table, &format!("{table}{suffix}")).await?;
+            }
+            expired.dropped += 1;
+        } else if let Some(Some(count)) = kept {
+            expired.emptied += 1;
+            expired.kept += count;
+        }
+    }
+    Ok(expired)
+}
+
+/// In one transaction, empties the day's partitions (`names`: events, deliveries, attempts)
+/// but for its unfinished deliveries, their attempts and their events, and any event an
+/// unpublished outbox row still announces. `None`: the day had none of those (nothing was
+/// changed; drop it). `Some(None)`: it holds nothing else (nothing to do). `Some(Some(n))`:
+/// emptied but for `n` deliveries.
+async fn keep_unfinished(
+    conn: &mut AsyncPgConnection,
+    names: Vec<String>,
+) -> Result<Option<Option<i64>>, DbError> {
+    with_lock_retries(conn, |conn| {
+        let names = names.clone();
+        Box::pin(async move {
+            let (events, deliveries, attempts) = (&names[0], &names[1], &names[2]);
+            conn.transaction::<_, DbError, _>(async |conn| {
+                conn.batch_execute(&format!(
+                    "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';
+                     LOCK TABLE {events}, {deliveries}, {attempts} IN ACCESS EXCLUSIVE MODE;
+                     CREATE TEMP TABLE kept_deliveries ON COMMIT DROP AS
+                         SELECT * FROM {deliveries} WHERE state IN ('pending', 'retrying')
+                         UNION ALL SELECT * FROM {deliveries} WHERE state = 'waiting';
+                     CREATE TEMP TABLE kept_events ON COMMIT DROP AS
+                         SELECT * FROM {events} e WHERE e.id IN (SELECT event_id FROM kept_deliveries)
+                             OR e.id IN (SELECT (convert_from(o.payload, 'UTF8')::jsonb ->> 'event_id')::uuid
+                                 FROM outbox o WHERE o.published_at IS NULL AND o.topic = 'event');"
+                ))
+                .await?;
+                let kept = count(
+                    conn,
+                    "SELECT (SELECT count(*) FROM kept_deliveries)
+                         + (SELECT count(*) FROM kept_events) AS count",
+                )
+                .await?;
+                if kept == 0 {
+                    return Ok(None);
+                }
+                // Something besides what is kept: a finished delivery, or an event without one.
+                let more = flag(conn, &format!(
+                    "SELECT EXISTS (SELECT 1 FROM {deliveries} WHERE state = 'succeeded')
+                         OR EXISTS (SELECT 1 FROM {deliveries} WHERE state = 'failed')
+                         OR EXISTS (SELECT 1 FROM {events} e
+                             WHERE e.id NOT IN (SELECT k.id FROM kept_events k))
+                         AS flag"
+                ))
+                .await?;
+                if !more {
+                    return Ok(Some(None));
+                }
+                conn.batch_execute(&format!(
+                    "CREATE TEMP TABLE kept_attempts ON COMMIT DROP AS
+                         SELECT * FROM {attempts} WHERE delivery_id IN (SELECT id FROM kept_deliveries);
+                     TRUNCATE {events}, {deliveries}, {attempts};
+                     INSERT INTO {events} SELECT * FROM kept_events;
+                     INSERT INTO {deliveries} SELECT * FROM kept_deliveries;
+                     INSERT INTO {attempts} SELECT * FROM kept_attempts;"
+                ))
+                .await?;
+                let kept =
+                    count(conn, &format!("SELECT count(*) AS count FROM {deliveries}")).await?;
+                Ok(Some(Some(kept)))
+            })
+            .await
+        })
+    })
+    .await
+}
+
+/// Detaches one partition without blocking the parent's readers and writers, then drops it.
+async fn drop_partition(
+    conn: &mut AsyncPgConnection,
+    table: &str,
+    name: &str,
+) -> Result<(), DbError> {
+    let pending: Vec<Flag> = diesel::sql_query(format!(
+        "SELECT i.inhdetachpending AS flag FROM pg_inherits i \
+         WHERE i.inhrelid = to_regclass('{name}') AND i.inhparent = '{table}'::regclass"
+    ))
+    .load(conn)
+    .await?;
+    match pending.into_iter().next().map(|row| row.flag) {
+        // A detach cut short before: finish it.
+        Some(true) => {
+            conn.batch_execute(&format!(
+                "ALTER TABLE {table} DETACH PARTITION {name} FINALIZE"
+            ))
+            .await?
+        }
+        Some(false) => {
+            conn.batch_execute(&format!(
+                "ALTER TABLE {table} DETACH PARTITION {name} CONCURRENTLY"
+            ))
+            .await?
+        }
+        None => {}
+    }
+    conn.batch_execute(&format!("DROP TABLE IF EXISTS {name}"))
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use time::Time;
+
+    #[test]
+    fn a_day_is_the_range_of_its_uuidv7s() {
+        let day = time::macros::date!(2026 - 11 - 27);
+        let noon = day
+            .with_time(Time::from_hms(12, 0, 0).unwrap())
+            .assume_utc();
+        let millis = (noon.unix_timestamp_nanos() / 1_000_000) as u64;
+        let id = Uuid::new_v7(uuid::Timestamp::from_unix(
+            uuid::NoContext,
+            millis / 1000,
+            ((millis % 1000) * 1_000_000) as u32,
+        ));
+        assert!(day_floor(day) <= id);
+        assert!(id < day_floor(day + time::Duration::DAY));
+        assert_eq!(
+            day_floor(day).to_string(),
+            "01a21a4d-4000-0000-0000-000000000000"
+        );
+    }
+
+    #[test]
+    fn partition_names_carry_their_day() {
+        let day = time::macros::date!(2026 - 01 - 05);
+        assert_eq!(partition_name("events", day), "events_20260105");
+        assert_eq!(before_name("deliveries", day), "deliveries_before_20260105");
+        assert_eq!(name_day("deliveries_before_20260105"), Some(day));
+        assert_eq!(name_day("attempts_20260105"), Some(day));
+        assert_eq!(name_day("attempts_legacy"), None);
+    }
+}
