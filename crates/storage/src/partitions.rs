@@ -37,8 +37,10 @@ pub const TABLES: [(&str, &str); 3] = [
 ];
 
 /// How long a reshape or an expiry waits for a lock before trying again: the services' own
-/// statements wait behind it meanwhile, so it stays short.
-const LOCK_TIMEOUT: &str = "2s";
+/// statements wait behind it meanwhile, so it stays short, and shorter than PostgreSQL's
+/// `deadlock_timeout` (1 s), so that when a service's transaction and this one wait for each
+/// other, this one gives up before the deadlock check could cancel the service's.
+const LOCK_TIMEOUT: &str = "500ms";
 /// How often a step that waits for a lock is tried before the reshape or expiry gives up.
 const LOCK_TRIES: usize = 30;
 
@@ -228,7 +230,9 @@ where
 
 fn lock_timed_out(error: &DbError) -> bool {
     let text = error.to_string();
-    text.contains("lock timeout") || text.contains("could not obtain lock")
+    text.contains("lock timeout")
+        || text.contains("could not obtain lock")
+        || text.contains("deadlock detected")
 }
 
 /// What a reshape did.

@@ -14,6 +14,7 @@ mod ordering;
 mod plans;
 mod pool;
 mod relay;
+mod reshape;
 mod retention;
 mod rules;
 mod stopping;
