@@ -167,11 +167,17 @@ pub async fn create_ahead(conn: &mut AsyncPgConnection, today: Date) -> Result<u
     Ok(made)
 }
 
-/// Makes one day's partition of `table`: a table of the same shape, attached for the day's ids
-/// (attaching takes a weaker lock on the parent than `CREATE TABLE ... PARTITION OF`). Fails
-/// when another partition holds ids of that day.
+/// Makes one day's partition of `table`, unless it exists: a table of the same shape, attached
+/// for the day's ids (attaching takes a weaker lock on the parent than `CREATE TABLE ...
+/// PARTITION OF`). Fails when another partition holds ids of that day.
 pub async fn make_day(conn: &mut AsyncPgConnection, table: &str, day: Date) -> Result<(), DbError> {
     let name = partition_name(table, day);
+    let made = format!(
+        "SELECT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass('{name}')) AS flag"
+    );
+    if flag(conn, &made).await? {
+        return Ok(());
+    }
     let (from, to) = (day_floor(day), day_floor(day + time::Duration::DAY));
     conn.transaction::<_, DbError, _>(async |conn| {
         // The parent's indexes, made before attaching under names that say the day and the
@@ -263,7 +269,18 @@ pub async fn reshape(
 ) -> Result<Reshaped, DbError> {
     let mut reshaped = Reshaped::default();
     let today = now.date();
-    let cut_day = today + time::Duration::days(2);
+    // A reshape taken up again keeps the day its first tables were cut at, while that is still
+    // ahead.
+    let mut cut_day = today + time::Duration::days(2);
+    for (table, _) in TABLES {
+        for name in partitions_of(conn, table).await? {
+            if let Some(day) = name_day(&name).filter(|_| name.contains("_before_")) {
+                if day > today {
+                    cut_day = day;
+                }
+            }
+        }
+    }
     let cut = day_floor(cut_day);
     // Foreign keys between the partitioned tables would keep a day from being removed alone.
     for (table, constraint) in [
@@ -347,20 +364,10 @@ async fn rekey(conn: &mut AsyncPgConnection, cut: Uuid) -> Result<i64, DbError> 
              UPDATE deliveries d SET id = m.new FROM moved m WHERE d.id = m.old RETURNING 1
          )
          SELECT count(*) AS count FROM deliveries_moved",
-            new = delivery_id_sql("deliveries.event_id"),
+            new = "uuid_v7_sharing_time(event_id)",
         ),
     )
     .await
-}
-
-/// The SQL of a new delivery id for the event whose id is `event_id`: a UUIDv7 with the
-/// event's millisecond time and random bits (`sql/fan_out.sql` makes them the same way).
-fn delivery_id_sql(event_id: &str) -> String {
-    format!(
-        "encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) \
-         PLACING substring(uuid_send({event_id}) FROM 1 FOR 6) FROM 1 FOR 6), 52, 1), 53, 1), \
-         'hex')::uuid"
-    )
 }
 
 /// The indexes of `table` as `CREATE INDEX` statements, with `table` as written.
@@ -491,25 +498,38 @@ pub async fn expire(
     if !partitioned(conn).await? {
         return Ok(expired);
     }
-    let mut suffixes = Vec::new();
+    // Each day's three partitions share a name's end (`_20261127`); the `before` ones may end
+    // on different days (a reshape resumed on a later day), and go together once all have.
+    let mut days = Vec::new();
+    let mut befores = Vec::new();
     for name in partitions_of(conn, "deliveries").await? {
         let Some(day) = name_day(&name) else { continue };
-        // A day's partition ends at the next midnight; a `before` one at its day's.
-        let ends = if name.starts_with("deliveries_before_") {
-            day
-        } else {
-            day + time::Duration::DAY
-        };
-        if ends.midnight().assume_utc() <= cutoff {
-            suffixes.push(name.trim_start_matches("deliveries").to_owned());
+        if name.starts_with("deliveries_before_") {
+            continue;
+        }
+        if (day + time::Duration::DAY).midnight().assume_utc() <= cutoff {
+            let suffix = name.trim_start_matches("deliveries");
+            days.push(TABLES.iter().map(|(t, _)| format!("{t}{suffix}")).collect());
         }
     }
-    for suffix in suffixes {
-        let names: Vec<String> = TABLES.iter().map(|(t, _)| format!("{t}{suffix}")).collect();
-        let kept = keep_unfinished(conn, names).await?;
+    for (table, _) in TABLES {
+        let before = partitions_of(conn, table)
+            .await?
+            .into_iter()
+            .find(|name| name.starts_with(&format!("{table}_before_")));
+        befores.extend(before);
+    }
+    let befores_ended = befores
+        .iter()
+        .all(|name| name_day(name).is_some_and(|day| day.midnight().assume_utc() <= cutoff));
+    if befores.len() == TABLES.len() && befores_ended {
+        days.push(befores);
+    }
+    for names in days {
+        let kept = keep_unfinished(conn, names.clone()).await?;
         if kept.is_none() {
-            for (table, _) in TABLES {
-                drop_partition(conn, table, &format!("{table}{suffix}")).await?;
+            for ((table, _), name) in TABLES.iter().zip(&names) {
+                drop_partition(conn, table, name).await?;
             }
             expired.dropped += 1;
         } else if let Some(Some(count)) = kept {

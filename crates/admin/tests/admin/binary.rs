@@ -312,50 +312,74 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
     admin.stop().await;
 }
 
+/// `prune` removes the days of the delivery log past the retention, but for their unfinished
+/// deliveries, and keeps recent days whole.
 #[tokio::test]
-async fn the_prune_subcommand_removes_old_finished_deliveries_and_keeps_the_rest() {
+async fn the_prune_subcommand_removes_old_days_but_their_unfinished_deliveries() {
     let admin = TestAdmin::start().await;
     let webhook = id_of(&admin.create_webhook("ops").await);
     let mut conn = admin.conn().await;
-    let failed = seed_failed_delivery(&mut conn, webhook).await;
-    let (pending, _) = seed_delivery(
-        &mut conn,
-        webhook,
-        EventKind::IncidentOpened,
-        Uuid::now_v7(),
-    )
-    .await;
-    // Finished too, but recently.
-    tocsin_testkit::deliveries::record_attempt(
-        &mut conn,
-        pending,
-        tocsin_testkit::deliveries::answered(200),
-    )
-    .await;
-    let url = admin.db.url.clone();
-    let env = [("DATABASE_URL", url.as_str())];
-
-    // prune: a failed delivery last changed long ago goes, with its attempts; the rest stays.
+    let recent = seed_failed_delivery(&mut conn, webhook).await;
+    // A day 40 days ago, with a failed delivery and a waiting one, each of an event of its own.
+    let old_day = OffsetDateTime::now_utc().date() - time::Duration::days(40);
+    for table in ["events", "deliveries", "attempts"] {
+        tocsin_storage::partitions::make_day(&mut conn, table, old_day)
+            .await
+            .unwrap();
+    }
     diesel::sql_query(
-        "UPDATE deliveries SET updated_at = now() - interval '40 days' WHERE id = $1",
+        "WITH e AS (
+            INSERT INTO events (id, kind, incident_id, occurred_at, body)
+            SELECT uuid_v7(occurred_at - interval '40 days'), kind, incident_id,
+                occurred_at - interval '40 days', body
+            FROM events, generate_series(1, 2)
+            WHERE id = (SELECT event_id FROM deliveries WHERE id = $1)
+            RETURNING id),
+         d AS (
+            INSERT INTO deliveries (id, webhook_id, event_id, event, incident_id, state,
+                wait_reason, attempt_count, auto_attempts, created_at, updated_at)
+            SELECT uuid_v7_sharing_time(e.id), d.webhook_id, e.id, d.event, d.incident_id,
+                CASE WHEN row_number() OVER () = 1 THEN 'failed' ELSE 'waiting' END,
+                CASE WHEN row_number() OVER () = 1 THEN NULL ELSE 'webhook_disabled' END,
+                1, 1, now(), now()
+            FROM e, deliveries d WHERE d.id = $1
+            RETURNING id)
+         INSERT INTO attempts (delivery_id, number, trigger, started_at, success, status_code,
+             duration_ms, request_headers)
+         SELECT id, 1, 'automatic', now(), false, 500, 12, '{}' FROM d",
     )
-    .bind::<SqlUuid, _>(failed)
+    .bind::<SqlUuid, _>(recent)
     .execute(&mut conn)
     .await
     .unwrap();
+    let url = admin.db.url.clone();
+    let env = [("DATABASE_URL", url.as_str())];
+    let old = |state: &str| format!("deliveries WHERE state = '{state}' AND id < '{recent}'");
+    assert_eq!(admin.count(&old("failed")).await, 1);
+
     let (ok, _, said) = cli(&env, &["prune", "--retention", "30d"]);
-    assert!(ok && said.contains("pruned 1 deliveries"), "{said}");
+    assert!(
+        ok && said.contains(
+            "pruned 0 days of the delivery log (1 more emptied but for 1 unfinished deliveries)"
+        ),
+        "{said}"
+    );
     assert_eq!(
-        admin
-            .count(&format!("deliveries WHERE id = '{failed}'"))
-            .await,
-        0
+        admin.count(&old("failed")).await,
+        0,
+        "the old failed one goes"
+    );
+    assert_eq!(
+        admin.count(&old("waiting")).await,
+        1,
+        "the old waiting one stays"
     );
     assert_eq!(
         admin
-            .count(&format!("deliveries WHERE id = '{pending}'"))
+            .count(&format!("deliveries WHERE id = '{recent}'"))
             .await,
-        1
+        1,
+        "today is kept"
     );
     admin.stop().await;
 }

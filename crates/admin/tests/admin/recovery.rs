@@ -133,13 +133,13 @@ async fn recovery_works_through_a_backlog_in_pages() {
     diesel::sql_query(format!(
         "WITH e AS (
             INSERT INTO events (id, kind, incident_id, occurred_at, body)
-            SELECT gen_random_uuid(), kind, incident_id, occurred_at, body
+            SELECT uuid_v7(now()), kind, incident_id, occurred_at, body
             FROM events, generate_series(1, 2499)
             WHERE id = (SELECT event_id FROM deliveries WHERE id = '{one}')
             RETURNING id)
          INSERT INTO deliveries (id, webhook_id, event_id, event, incident_id, state,
              attempt_count, auto_attempts, created_at, updated_at)
-         SELECT gen_random_uuid(), d.webhook_id, e.id, d.event, d.incident_id, 'failed', 1, 1,
+         SELECT uuid_v7_sharing_time(e.id), d.webhook_id, e.id, d.event, d.incident_id, 'failed', 1, 1,
              now(), now()
          FROM e, deliveries d WHERE d.id = '{one}'"
     ))

@@ -118,9 +118,7 @@ WITH given AS (
         (id, webhook_id, event_id, event, incident_id, state, wait_reason, attempt_count,
          auto_attempts, attempting_until, next_attempt_at, created_at, updated_at, replayed)
     SELECT
-        encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
-            PLACING substring(uuid_send(t.event_id) FROM 1 FOR 6)
-            FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid,
+        uuid_v7_sharing_time(t.event_id),
         t.webhook_id, t.event_id, t.kind, t.incident_id,
         CASE WHEN NOT t.enabled OR t.busy OR t.behind THEN 'waiting' ELSE 'pending' END,
         CASE WHEN NOT t.enabled THEN 'webhook_disabled' WHEN t.behind THEN 'ordering'
