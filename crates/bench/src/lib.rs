@@ -8,6 +8,7 @@
 //! Each scenario is a function taking a [`Bench`] (the connection) and a config struct, and
 //! returning a [`Report`]. `main` only parses flags and prints.
 
+pub mod aged;
 pub mod floor;
 pub mod output;
 pub mod procs;

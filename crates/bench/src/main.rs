@@ -193,6 +193,39 @@ enum Scenario {
         #[arg(long, default_value = "0s", value_parser = parse_duration)]
         interval: Duration,
     },
+    /// The system with months of history: fills the database to `--deliveries` deliveries
+    /// spread over the past `--days` days (through the real schema: incidents, events,
+    /// deliveries, attempts; `--failed-share` of deliveries failed after five attempts), then
+    /// measures e2e, the delivery log's reads through the admin API (first page; by webhook,
+    /// incident and state; the 20th page by cursor; one old delivery with its attempts) and a
+    /// retention pass removing the oldest day, with a 20/s stream before and during it. A
+    /// database holding the deliveries already is not filled again.
+    Aged {
+        #[command(flatten)]
+        load: LoadArgs,
+        /// The database the system under test uses.
+        #[arg(
+            long,
+            env = "DATABASE_URL",
+            default_value = "postgres://postgres@127.0.0.1:5432/tocsin"
+        )]
+        database_url: String,
+        /// Deliveries the database holds before the measures.
+        #[arg(long, default_value_t = 5_000_000)]
+        deliveries: i64,
+        /// Past days the deliveries are spread over.
+        #[arg(long, default_value_t = 30)]
+        days: i64,
+        /// Webhooks the aged deliveries go to.
+        #[arg(long, default_value_t = 3)]
+        webhooks: usize,
+        /// Share of aged deliveries that failed after five attempts.
+        #[arg(long, default_value_t = 0.05)]
+        failed_share: f64,
+        /// Times each read is made.
+        #[arg(long, default_value_t = 200)]
+        reads: usize,
+    },
     /// Deliveries to a failing receiver path, so that they sit in the retry queue; samples the
     /// dispatcher's RSS every second and reports its min and max.
     Backlog {
@@ -305,6 +338,29 @@ async fn run(cli: &Cli, scenario: &Scenario) -> anyhow::Result<tocsin_bench::Rep
                 BacklogConfig {
                     load: load.config(),
                     hold,
+                },
+            )
+            .await?
+        }
+        Scenario::Aged {
+            load,
+            ref database_url,
+            deliveries,
+            days,
+            webhooks,
+            failed_share,
+            reads,
+        } => {
+            tocsin_bench::aged::aged(
+                &bench,
+                tocsin_bench::aged::AgedConfig {
+                    database_url: database_url.clone(),
+                    deliveries,
+                    days,
+                    webhooks,
+                    failed_share,
+                    load: load.config(),
+                    reads,
                 },
             )
             .await?
