@@ -12,6 +12,7 @@
 //! (`actions.rs`, `store.rs`).
 
 mod actions;
+mod actor;
 mod api;
 mod auth;
 pub mod cli;
@@ -20,11 +21,14 @@ mod error;
 pub mod openapi;
 mod pages;
 mod params;
+pub mod roles;
 mod schema;
 mod startup;
 mod state;
 mod store;
 mod validation;
 
-pub use config::{AdminToken, Cli, Command, Config, TokenAction, TokenArgs};
+pub use config::{
+    AdminToken, AuditArgs, Cli, Command, Config, KeyAction, KeyArgs, TokenAction, TokenArgs,
+};
 pub use startup::{build, App};

@@ -126,15 +126,15 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
   await step(t, "/ leads to the sign-in page, which refuses a wrong token", async () => {
     await page.goto("/");
     assert.match(page.url(), /\/settings\/sign-in$/);
-    await page.getByLabel("Admin token").fill("not-the-admin-token");
+    await page.getByLabel("Admin key").fill("not-the-admin-token");
     await page.getByRole("button", { name: "Sign in" }).click();
-    assert.equal(await text("[role=alert]"), "That is not the admin token.");
+    assert.equal(await text("[role=alert]"), "That is not a live admin key or the admin token.");
     assert.equal(await page.locator("#token").getAttribute("aria-invalid"), "true");
     assert.equal((await context.cookies()).length, 0);
   });
 
   await step(t, "signing in sets an HttpOnly, SameSite=Strict session cookie", async () => {
-    await page.getByLabel("Admin token").fill(ADMIN_TOKEN);
+    await page.getByLabel("Admin key").fill(ADMIN_TOKEN);
     await page.getByRole("button", { name: "Sign in" }).click();
     await page.getByRole("heading", { level: 1, name: "Webhooks" }).waitFor();
     const [cookie] = await context.cookies();
