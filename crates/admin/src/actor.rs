@@ -1,19 +1,19 @@
-//! Who acts, and how what they do is recorded: every change through the API, the pages or the
-//! CLI, and every reveal of a secret, writes an audit log entry naming its actor (an admin
-//! key, the bootstrap token or the CLI), the surface and where the request came from, in the
-//! same transaction as the change.
+//! Who acts: an admin key, the bootstrap token or the CLI, with its role, the surface and where
+//! the request came from. Every change and every reveal of a secret is recorded in the audit
+//! log under its actor ([`Actor::record`], in the same transaction as the change).
 
 use std::future::{ready, Ready};
+use std::net::IpAddr;
 
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpMessage, HttpRequest};
 use diesel_async::AsyncPgConnection;
-use serde_json::Value;
 use tocsin_domain::Role;
 use tocsin_storage::audit::{self, NewAuditEntry};
 use tocsin_storage::DbError;
 use uuid::Uuid;
 
+use crate::audit::Change;
 use crate::error::AdminError;
 
 /// The name the bootstrap token (`TOCSIN_ADMIN_TOKEN`) acts under.
@@ -74,6 +74,14 @@ impl Surface {
     }
 }
 
+/// A request's client address: the TCP peer (not a forwarded-for header, which a client could
+/// set to anything). Failed attempts are counted against it, and the audit log records it.
+pub fn client_address(req: &HttpRequest) -> IpAddr {
+    req.peer_addr()
+        .map(|addr| addr.ip())
+        .unwrap_or(IpAddr::from([0, 0, 0, 0]))
+}
+
 /// Who is acting, with which role, through which surface and from where.
 #[derive(Debug, Clone)]
 pub struct Actor {
@@ -93,7 +101,7 @@ impl Actor {
             who,
             role,
             surface,
-            address: Some(crate::auth::client_address(req).to_string()),
+            address: Some(client_address(req).to_string()),
             user_agent: req
                 .headers()
                 .get(actix_web::http::header::USER_AGENT)
@@ -156,39 +164,5 @@ impl FromRequest for Actor {
                 .cloned()
                 .ok_or_else(|| AdminError::Request(tocsin_web::ApiError::unauthorized())),
         )
-    }
-}
-
-/// What an audit log entry says was done: the action, the resource, and its readable fields
-/// before and after (never a secret).
-#[derive(Debug, Clone)]
-pub struct Change {
-    pub action: &'static str,
-    pub resource_type: &'static str,
-    pub resource_id: Option<String>,
-    pub before: Option<Value>,
-    pub after: Option<Value>,
-}
-
-impl Change {
-    /// `action` done to the `resource_type` with id `id`.
-    pub fn new(action: &'static str, resource_type: &'static str, id: impl ToString) -> Self {
-        Change {
-            action,
-            resource_type,
-            resource_id: Some(id.to_string()),
-            before: None,
-            after: None,
-        }
-    }
-
-    pub fn before(mut self, fields: Value) -> Self {
-        self.before = Some(fields);
-        self
-    }
-
-    pub fn after(mut self, fields: Value) -> Self {
-        self.after = Some(fields);
-        self
     }
 }

@@ -12,14 +12,14 @@ use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
-use actix_web::{web, HttpMessage, HttpRequest};
+use actix_web::{web, HttpMessage};
 use prometheus::{IntCounterVec, Opts, Registry};
 use tocsin_domain::{AccessToken, Role};
 use tocsin_storage::admin_keys;
 use tocsin_web::auth::bearer_token;
 use tocsin_web::ApiError;
 
-use crate::actor::{Actor, Surface, Who};
+use crate::actor::{client_address, Actor, Surface, Who};
 use crate::error::AdminError;
 use crate::state::AdminState;
 
@@ -201,14 +201,6 @@ impl FailedAuthLimiter {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         failures.remove(&address);
     }
-}
-
-/// The address failed attempts are counted against: the TCP peer (not a forwarded-for header,
-/// which a client could set to anything).
-pub fn client_address(req: &HttpRequest) -> IpAddr {
-    req.peer_addr()
-        .map(|addr| addr.ip())
-        .unwrap_or(IpAddr::from([0, 0, 0, 0]))
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 mod actions;
 mod actor;
 mod api;
+mod audit;
 mod auth;
 pub mod cli;
 mod config;

@@ -3,7 +3,7 @@
 //! The API, the pages (through `crate::actions`) and the CLI all write through these.
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
-use serde_json::{json, Value};
+use serde_json::json;
 use time::OffsetDateTime;
 use tocsin_domain::delivery::rules::{self, Act};
 use tocsin_domain::delivery::Trigger;
@@ -19,7 +19,8 @@ use tocsin_storage::webhooks::{self, NewWebhook, Webhook, WebhookChanges};
 use tocsin_storage::{deliveries, Cursor, DbError};
 use uuid::Uuid;
 
-use crate::actor::{Actor, Change};
+use crate::actor::Actor;
+use crate::audit::{admin_key_fields, token_fields, webhook_fields, Change};
 
 /// Outbox rows written per statement (each row binds three parameters; PostgreSQL allows
 /// 65 535 per statement).
@@ -35,20 +36,6 @@ pub struct WebhookPatch {
     pub changes: WebhookChanges,
     pub max_attempts: Option<u8>,
     pub timeout_ms: Option<u32>,
-}
-
-/// A webhook's readable fields as the audit log keeps them: its API view without health
-/// (header values masked; the secret is never in it).
-pub fn webhook_fields(webhook: &Webhook) -> Value {
-    let view = crate::api::webhook_views::Webhook::new(
-        webhook,
-        tocsin_storage::health::WebhookHealth::default(),
-    );
-    let mut fields = serde_json::to_value(view).unwrap_or(Value::Null);
-    if let Some(object) = fields.as_object_mut() {
-        object.remove("health");
-    }
-    fields
 }
 
 /// Creates a webhook with a new signing secret.
@@ -190,11 +177,6 @@ pub async fn change_incident_status(
     .await
 }
 
-/// An inbound token's readable fields as the audit log keeps them (never a secret).
-fn token_fields(token: &InboundToken) -> Value {
-    serde_json::to_value(crate::api::tokens::Token::from(token.clone())).unwrap_or(Value::Null)
-}
-
 /// Issues an inbound token; the returned [`AccessToken`] is the only copy of it.
 pub async fn issue_token(
     conn: &mut AsyncPgConnection,
@@ -223,11 +205,6 @@ pub async fn revoke_token(
             .await
     })
     .await
-}
-
-/// An admin key's readable fields as the audit log keeps them (never the key).
-pub fn admin_key_fields(key: &AdminKey) -> Value {
-    serde_json::to_value(crate::api::admin_keys::AdminKey::from(key)).unwrap_or(Value::Null)
 }
 
 /// Issues an admin key; the returned [`AccessToken`] is the only copy of it.

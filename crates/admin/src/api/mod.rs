@@ -5,7 +5,7 @@ pub mod audit_log;
 pub mod deliveries;
 pub mod incidents;
 pub mod tokens;
-pub(crate) mod webhook_views;
+mod webhook_views;
 pub mod webhooks;
 
 use actix_web::middleware::from_fn;

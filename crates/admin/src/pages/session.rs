@@ -343,7 +343,7 @@ pub async fn sign_in(
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, PageError> {
     check_origin(&req)?;
-    let address = crate::auth::client_address(&req);
+    let address = crate::actor::client_address(&req);
     let form = Form::read(&req, payload, pages.body_limit).await?;
     let presented = form.get("token").unwrap_or_default().trim();
     // The credential first, then the limiter: the right one always signs in (see
