@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::session::{Session, SignedForm};
 use super::templates::{Layout, SelectOption, When};
-use super::{given, notice, query_string, redirect, render, PageError};
+use super::{given, notice, older_page, redirect, render, PageError};
 use crate::api::admin_keys::{CheckedKey, NewAdminKey};
 use crate::error::{AdminError, OrNotFound};
 use crate::params::page;
@@ -182,13 +182,7 @@ async fn keys_page(
         layout: session.layout("admin-keys"),
         notice,
         rows,
-        next_page: next.map(|cursor| {
-            let cursor = cursor.encode();
-            format!(
-                "/settings/admin-keys?{}",
-                query_string([("cursor", cursor.as_str())])
-            )
-        }),
+        next_page: older_page("/settings/admin-keys", next),
         name: form.name.clone(),
         expires_at: form.expires_at.clone().unwrap_or_default(),
         role_options,

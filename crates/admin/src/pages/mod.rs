@@ -429,6 +429,14 @@ pub fn query_string<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> 
     serializer.finish()
 }
 
+/// The link to the next (older) page of a list at `path`, when there is one.
+pub fn older_page(path: &str, next: Option<tocsin_storage::Cursor>) -> Option<String> {
+    next.map(|cursor| {
+        let cursor = cursor.encode();
+        format!("{path}?{}", query_string([("cursor", cursor.as_str())]))
+    })
+}
+
 /// A webhook's page.
 pub fn webhook_href(id: uuid::Uuid) -> String {
     format!("/settings/webhooks/{id}")

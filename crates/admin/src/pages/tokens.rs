@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::session::{Session, SignedForm};
 use super::templates::{Layout, SelectOption, When};
-use super::{given, notice, query_string, redirect, render, PageError};
+use super::{given, notice, older_page, redirect, render, PageError};
 use crate::api::tokens::{CheckedToken, NewToken};
 use crate::error::{AdminError, OrNotFound};
 use crate::params::page;
@@ -215,13 +215,7 @@ async fn tokens_page(
         layout: session.layout("tokens"),
         notice,
         rows,
-        next_page: next.map(|cursor| {
-            let cursor = cursor.encode();
-            format!(
-                "/settings/tokens?{}",
-                query_string([("cursor", cursor.as_str())])
-            )
-        }),
+        next_page: older_page("/settings/tokens", next),
         values,
         source_options,
         error,

@@ -25,7 +25,7 @@ use super::templates::{
 };
 use super::webhook_form::{edit_values, form_page, new_values, FormKind, Submitted};
 use super::{
-    given, notice, query_string, redirect, render, webhook_href, Form, PageError, PagesState,
+    given, notice, older_page, redirect, render, webhook_href, Form, PageError, PagesState,
 };
 use crate::actions;
 use crate::error::{AdminError, OrNotFound};
@@ -81,12 +81,7 @@ pub async fn list(
             layout: session.layout("webhooks"),
             notice: notice(query.notice.as_deref(), None),
             rows,
-            next_page: next.map(|c| {
-                format!(
-                    "/settings/?{}",
-                    query_string([("cursor", c.encode().as_str())])
-                )
-            }),
+            next_page: older_page("/settings/", next),
         },
     )
 }

@@ -3,11 +3,9 @@
 //! refused request), the pages and the CLI under roles, a secret's reveal in the audit log
 //! without the secret, and every surface's changes there with their actor.
 
-use std::process::Command;
-
 use diesel::sql_types::Text;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use reqwest::header::{COOKIE, SET_COOKIE};
+use reqwest::header::COOKIE;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use time::OffsetDateTime;
@@ -17,7 +15,7 @@ use tocsin_storage::outbox;
 use tocsin_testkit::TestDb;
 use uuid::Uuid;
 
-use crate::api::{assert_error, id_of, read, rfc3339, seed_failed_delivery, TestAdmin};
+use crate::api::{assert_error, id_of, rfc3339, seed_failed_delivery, TestAdmin};
 
 /// A credential of the matrix and what it is expected to be.
 struct Credential {
@@ -42,24 +40,6 @@ impl TestAdmin {
             .await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
         (id_of(&body), body["key"].as_str().unwrap().to_owned())
-    }
-
-    async fn send_as(
-        &self,
-        key: &str,
-        method: Method,
-        path: &str,
-        body: Option<&Value>,
-    ) -> (StatusCode, Value) {
-        let mut request = self
-            .client
-            .request(method, self.url(path))
-            .bearer_auth(key)
-            .header("user-agent", "people-test/1");
-        if let Some(body) = body {
-            request = request.json(body);
-        }
-        read(request.send().await.unwrap()).await
     }
 
     /// Everything a request could change, as text: every row of the tables admin writes
@@ -279,7 +259,7 @@ async fn every_operation_allows_exactly_its_role_and_a_refusal_changes_nothing()
             );
             let before = admin.snapshot().await;
             let answer = admin
-                .send_as(
+                .send_with(
                     &credential.key,
                     operation.method.clone(),
                     &path,
@@ -316,7 +296,7 @@ async fn a_revealed_secret_is_in_the_audit_log_as_a_reveal_never_as_the_secret()
     let webhook = admin.create_webhook("revealed").await;
     let id = id_of(&webhook);
     let (status, revealed) = admin
-        .send_as(
+        .send_with(
             &key,
             Method::POST,
             &format!("/api/v1/webhooks/{id}/reveal-secret"),
@@ -364,35 +344,7 @@ async fn a_revealed_secret_is_in_the_audit_log_as_a_reveal_never_as_the_secret()
 
 /// Signs in to the pages with `credential`; the session cookie and the CSRF token.
 async fn sign_in(admin: &TestAdmin, credential: &str) -> (String, String) {
-    let answer = admin
-        .client
-        .post(admin.url("/settings/sign-in"))
-        .form(&[("token", credential)])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), StatusCode::SEE_OTHER);
-    let cookie = answer.headers()[SET_COOKIE]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
-    let page = admin
-        .client
-        .get(admin.url("/settings/"))
-        .header(COOKIE, &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let marker = "name=\"csrf\" value=\"";
-    let start = page.find(marker).expect("a csrf field") + marker.len();
-    let csrf = page[start..start + page[start..].find('"').unwrap()].to_owned();
-    (cookie, csrf)
+    admin.sign_in(credential).await
 }
 
 async fn page(admin: &TestAdmin, cookie: &str, path: &str) -> (StatusCode, String) {
@@ -509,17 +461,9 @@ async fn the_pages_show_and_allow_only_what_the_role_allows_and_revocation_ends_
 
 /// Runs the built binary with only `DATABASE_URL` and `USER`; (success, stdout, stderr).
 fn cli(database_url: &str, args: &[&str]) -> (bool, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_tocsin-admin"))
-        .env_clear()
-        .env("DATABASE_URL", database_url)
-        .env("USER", "ops-person")
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        output.status.success(),
-        String::from_utf8(output.stdout).unwrap(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
+    crate::binary::cli(
+        &[("DATABASE_URL", database_url), ("USER", "ops-person")],
+        args,
     )
 }
 
@@ -531,7 +475,7 @@ async fn changes_through_the_api_the_pages_and_the_cli_are_in_the_audit_log_with
     // The API, with a key: a change with its fields before and after.
     let webhook = id_of(&admin.create_webhook("audited").await);
     let (status, _) = admin
-        .send_as(
+        .send_with(
             &key,
             Method::PATCH,
             &format!("/api/v1/webhooks/{webhook}"),
@@ -597,7 +541,7 @@ async fn changes_through_the_api_the_pages_and_the_cli_are_in_the_audit_log_with
         changed["after"]["url"],
         "https://elsewhere.example.com/hook"
     );
-    assert_eq!(changed["user_agent"], "people-test/1");
+    assert_eq!(changed["user_agent"], "tocsin-admin-tests");
     let disabled = find("webhook.update", "pages");
     assert_eq!(disabled["actor"]["kind"], "bootstrap");
     assert_eq!(disabled["before"]["enabled"], true);
@@ -723,11 +667,11 @@ async fn refusals_are_counted_in_the_metric() {
     let admin = TestAdmin::start().await;
     let (_, viewer) = admin.issue_key("counted", "viewer").await;
     let (status, _) = admin
-        .send_as("tak_not-a-key", Method::GET, "/api/v1/webhooks", None)
+        .send_with("tak_not-a-key", Method::GET, "/api/v1/webhooks", None)
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let (status, _) = admin
-        .send_as(
+        .send_with(
             &viewer,
             Method::POST,
             "/api/v1/tokens",
