@@ -26,25 +26,31 @@ pub enum Who {
     Key { id: Uuid, name: String },
     /// The bootstrap token, `TOCSIN_ADMIN_TOKEN`.
     Bootstrap,
+    /// A person signed in to the pages through the OpenID Connect provider.
+    Identity { subject: String, name: String },
     /// `tocsin-admin` on the command line, as the operating-system user.
     Cli { user: String },
 }
 
 impl Who {
-    /// The actor's kind as the audit log stores it: `key`, `bootstrap`, `cli`.
+    /// The actor's kind as the audit log stores it: `key`, `bootstrap`, `oidc`, `cli`.
     pub fn kind(&self) -> &'static str {
         match self {
             Who::Key { .. } => "key",
             Who::Bootstrap => "bootstrap",
+            Who::Identity { .. } => "oidc",
             Who::Cli { .. } => "cli",
         }
     }
 
-    pub fn name(&self) -> &str {
+    /// The name the audit log records: a key's name, the bootstrap token's, `name (subject)`
+    /// of an identity, `cli:<user>`.
+    pub fn name(&self) -> String {
         match self {
-            Who::Key { name, .. } => name,
-            Who::Bootstrap => BOOTSTRAP_NAME,
-            Who::Cli { user } => user,
+            Who::Key { name, .. } => name.clone(),
+            Who::Bootstrap => BOOTSTRAP_NAME.to_owned(),
+            Who::Identity { subject, name } => format!("{name} ({subject})"),
+            Who::Cli { user } => user.clone(),
         }
     }
 
@@ -137,7 +143,7 @@ impl Actor {
             &NewAuditEntry {
                 actor_kind: self.who.kind(),
                 actor_id: self.who.key_id(),
-                actor_name: self.who.name(),
+                actor_name: &self.who.name(),
                 surface: self.surface.as_str(),
                 address: self.address.as_deref(),
                 user_agent: self.user_agent.as_deref(),

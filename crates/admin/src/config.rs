@@ -10,6 +10,11 @@
 //! | `TOCSIN_ADMIN_TOKEN` | none: required | the bootstrap token: an `admin` credential of the API and the pages (at least 16 characters); it also keys the pages' session cookies |
 //! | `TOCSIN_ADMIN_TOKEN_DISABLED` | `false` | `true`: the bootstrap token no longer opens the API or the pages; only admin keys do. Admin refuses to start so unless a live `admin` key exists |
 //! | `TOCSIN_AUDIT_RETENTION` | `365d` | audit log entries older than this are deleted (hourly, by admin) |
+//! | `TOCSIN_OIDC_ISSUER` | unset: no OpenID Connect | the identity provider the pages also sign in with |
+//! | `TOCSIN_OIDC_CLIENT_ID`, `TOCSIN_OIDC_CLIENT_SECRET` | none | Tocsin's client at the provider (the secret optional: PKCE is always used) |
+//! | `TOCSIN_OIDC_REDIRECT_URL` | from the request | `https://<admin>/settings/sign-in/oidc/callback`, as registered at the provider |
+//! | `TOCSIN_OIDC_ROLE_CLAIM` | `groups` | the ID token claim holding the identity's groups or roles |
+//! | `TOCSIN_OIDC_ROLES` | none | `value=role` pairs, comma-separated: which claim values give which role |
 //! | `TOCSIN_SECRET_GRACE` | `24h` | how long a rotated-out webhook secret keeps signing |
 //! | `TOCSIN_ADMIN_BODY_LIMIT` | `1048576` | largest accepted request body, bytes (1 MiB) |
 //! | `TOCSIN_OUTBOX_POLL` | `1s` | fallback poll of the outbox relay |
@@ -81,6 +86,35 @@ impl fmt::Debug for AdminToken {
     }
 }
 
+/// A secret setting other than the admin token (the OpenID Connect client secret). `Debug` does
+/// not print it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretSetting(String);
+
+impl SecretSetting {
+    pub fn new(secret: impl Into<String>) -> Self {
+        SecretSetting(secret.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for SecretSetting {
+    // Never fails: a failure message from clap would print the value.
+    type Err = std::convert::Infallible;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Ok(SecretSetting(text.to_owned()))
+    }
+}
+
+impl fmt::Debug for SecretSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretSetting(…redacted)")
+    }
+}
+
 /// `tocsin-admin` serve settings.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Config {
@@ -117,6 +151,49 @@ pub struct Config {
         action = clap::ArgAction::Set
     )]
     pub admin_token_disabled: bool,
+
+    /// The OpenID Connect issuer the pages also sign in with (unset: keys only).
+    #[arg(long, env = "TOCSIN_OIDC_ISSUER", value_name = "TOCSIN_OIDC_ISSUER")]
+    pub oidc_issuer: Option<String>,
+
+    /// Tocsin's client id at the provider.
+    #[arg(
+        long,
+        env = "TOCSIN_OIDC_CLIENT_ID",
+        value_name = "TOCSIN_OIDC_CLIENT_ID"
+    )]
+    pub oidc_client_id: Option<String>,
+
+    /// Tocsin's client secret at the provider (optional: PKCE is always used).
+    #[arg(
+        long,
+        env = "TOCSIN_OIDC_CLIENT_SECRET",
+        value_name = "TOCSIN_OIDC_CLIENT_SECRET",
+        hide_env_values = true
+    )]
+    pub oidc_client_secret: Option<SecretSetting>,
+
+    /// The callback registered at the provider: `https://<admin>/settings/sign-in/oidc/callback`
+    /// (default: built from the address each request was sent to).
+    #[arg(
+        long,
+        env = "TOCSIN_OIDC_REDIRECT_URL",
+        value_name = "TOCSIN_OIDC_REDIRECT_URL"
+    )]
+    pub oidc_redirect_url: Option<String>,
+
+    /// The ID token claim holding the identity's groups or roles.
+    #[arg(
+        long,
+        env = "TOCSIN_OIDC_ROLE_CLAIM",
+        value_name = "TOCSIN_OIDC_ROLE_CLAIM",
+        default_value = "groups"
+    )]
+    pub oidc_role_claim: String,
+
+    /// Which claim values give which role: `value=role` pairs, comma-separated.
+    #[arg(long, env = "TOCSIN_OIDC_ROLES", value_name = "TOCSIN_OIDC_ROLES")]
+    pub oidc_roles: Option<String>,
 
     /// How long audit log entries are kept.
     #[arg(long, env = "TOCSIN_AUDIT_RETENTION", value_name = "TOCSIN_AUDIT_RETENTION", default_value = "365d", value_parser = parse_duration_arg)]
@@ -169,6 +246,12 @@ impl Config {
             admin_token: Some(AdminToken::new(admin_token)),
             admin_token_disabled: false,
             audit_retention: Duration::from_secs(365 * 24 * 60 * 60),
+            oidc_issuer: None,
+            oidc_client_id: None,
+            oidc_client_secret: None,
+            oidc_redirect_url: None,
+            oidc_role_claim: "groups".into(),
+            oidc_roles: None,
             secret_grace: Duration::from_secs(24 * 60 * 60),
             body_limit: 1024 * 1024,
             outbox_poll: Duration::from_millis(500),
@@ -176,6 +259,40 @@ impl Config {
             secure_cookies: false,
             auth_failures: 5,
         }
+    }
+}
+
+impl Config {
+    /// The OpenID Connect settings, when `TOCSIN_OIDC_ISSUER` is set (each other one it needs
+    /// named when missing).
+    pub fn oidc(&self) -> anyhow::Result<Option<crate::oidc::OidcSettings>> {
+        let Some(issuer) = self.oidc_issuer.clone().filter(|i| !i.trim().is_empty()) else {
+            return Ok(None);
+        };
+        let need = |value: &Option<String>, name: &str| {
+            value
+                .clone()
+                .filter(|v| !v.trim().is_empty())
+                .ok_or_else(|| anyhow::anyhow!("{name}: needed with TOCSIN_OIDC_ISSUER"))
+        };
+        Ok(Some(crate::oidc::OidcSettings {
+            issuer,
+            client_id: need(&self.oidc_client_id, "TOCSIN_OIDC_CLIENT_ID")?,
+            client_secret: self
+                .oidc_client_secret
+                .as_ref()
+                .map(|s| s.expose().to_owned())
+                .filter(|s| !s.is_empty()),
+            redirect_url: self
+                .oidc_redirect_url
+                .clone()
+                .filter(|u| !u.trim().is_empty()),
+            role_claim: self.oidc_role_claim.clone(),
+            roles: crate::oidc::OidcSettings::parse_roles(&need(
+                &self.oidc_roles,
+                "TOCSIN_OIDC_ROLES",
+            )?)?,
+        }))
     }
 }
 
@@ -512,6 +629,8 @@ mod tests {
         assert!(!error.contains("short-secret"));
         assert!(!format!("{:?}", AdminToken::new("short-secret")).contains("short"));
         assert!(AdminToken::new("0123456789abcdef").matches("0123456789abcdef"));
+        let secret: SecretSetting = "client-secret-value".parse().unwrap();
+        assert!(!format!("{secret:?}").contains("client-secret-value"));
         assert!(!AdminToken::new("0123456789abcdef").matches("0123456789abcdeF"));
     }
 }

@@ -19,6 +19,7 @@ mod auth;
 pub mod cli;
 mod config;
 mod error;
+mod oidc;
 pub mod openapi;
 mod pages;
 mod params;
@@ -30,6 +31,7 @@ mod store;
 mod validation;
 
 pub use config::{
-    AdminToken, AuditArgs, Cli, Command, Config, KeyAction, KeyArgs, TokenAction, TokenArgs,
+    AdminToken, AuditArgs, Cli, Command, Config, KeyAction, KeyArgs, SecretSetting, TokenAction,
+    TokenArgs,
 };
 pub use startup::{build, App};

@@ -62,12 +62,14 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let limiter = web::Data::new(crate::auth::FailedAuthLimiter::new(usize::from(
         config.auth_failures,
     )));
+    let oidc = config.oidc()?.map(crate::oidc::Oidc::new).transpose()?;
     let pages_state = web::Data::new(PagesState::new(
         &token,
         config.secure_cookies,
         common.retry_delays.clone(),
         config.body_limit,
         limiter.clone(),
+        oidc,
     ));
     let document = web::Data::new(OpenApiJson(openapi::document()));
 

@@ -21,7 +21,7 @@ const PRUNE_BATCH: i64 = 1000;
 pub struct AuditEntry {
     pub id: Uuid,
     pub created_at: OffsetDateTime,
-    /// `key`, `bootstrap` or `cli`.
+    /// `key`, `bootstrap`, `oidc` or `cli`.
     pub actor_kind: String,
     /// The admin key's id (`key` only).
     pub actor_id: Option<Uuid>,
@@ -62,7 +62,7 @@ pub struct NewAuditEntry<'a> {
 /// Which entries to list; every field set narrows the list.
 #[derive(Debug, Clone, Default)]
 pub struct AuditFilter {
-    /// An admin key's id, or `bootstrap` / `cli` for those actors.
+    /// An admin key's id, or `bootstrap` / `oidc` / `cli` for those actors.
     pub actor: Option<String>,
     pub resource_type: Option<String>,
     pub resource_id: Option<String>,

@@ -49,12 +49,14 @@ pub struct AuditEntry {
 /// Who did it.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AuditActor {
-    /// `key` (an admin key), `bootstrap` (the bootstrap token, TOCSIN_ADMIN_TOKEN) or `cli`.
+    /// `key` (an admin key), `bootstrap` (the bootstrap token, TOCSIN_ADMIN_TOKEN), `oidc` (a
+    /// person signed in to the pages through the identity provider) or `cli`.
     #[schema(example = "key")]
     pub kind: String,
     /// The admin key's id (`key` only).
     pub id: Option<Uuid>,
-    /// The key's name, `bootstrap token (TOCSIN_ADMIN_TOKEN)`, or `cli:<user>`.
+    /// The key's name, `bootstrap token (TOCSIN_ADMIN_TOKEN)`, `<name> (<subject>)` of an
+    /// identity, or `cli:<user>`.
     #[schema(example = "on-call laptop")]
     pub name: String,
 }
@@ -93,7 +95,7 @@ pub struct AuditLog {
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct AuditQuery {
-    /// Only this actor's: an admin key's id, `bootstrap` or `cli`.
+    /// Only this actor's: an admin key's id, `bootstrap`, `oidc` or `cli`.
     pub actor: Option<String>,
     /// Only entries about this kind of resource.
     pub resource_type: Option<String>,

@@ -35,6 +35,8 @@ use templates::{ErrorPage, Layout};
 /// What the page handlers share besides `AdminState`.
 pub struct PagesState {
     pub keys: SessionKeys,
+    /// The OpenID Connect provider the pages also sign in with, when configured.
+    pub oidc: Option<crate::oidc::Oidc>,
     pub limiter: web::Data<FailedAuthLimiter>,
     /// The retry schedule, to show what a webhook's max attempts imply.
     pub schedule: RetrySchedule,
@@ -48,9 +50,11 @@ impl PagesState {
         schedule: RetrySchedule,
         body_limit: usize,
         limiter: web::Data<FailedAuthLimiter>,
+        oidc: Option<crate::oidc::Oidc>,
     ) -> Self {
         PagesState {
             keys: SessionKeys::new(token, secure_cookies),
+            oidc,
             limiter,
             schedule,
             body_limit,
@@ -103,6 +107,16 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                     .default_service(web::to(method_not_allowed)),
             )
             .service(post("/sign-out").route(web::post().to(session::sign_out)))
+            .service(
+                web::resource("/sign-in/oidc")
+                    .route(web::get().to(session::oidc_start))
+                    .default_service(web::to(method_not_allowed)),
+            )
+            .service(
+                web::resource("/sign-in/oidc/callback")
+                    .route(web::get().to(session::oidc_callback))
+                    .default_service(web::to(method_not_allowed)),
+            )
             .service(
                 web::resource("/webhooks")
                     .route(web::get().to(to_settings))
@@ -220,6 +234,9 @@ pub enum PageError {
     /// 403: a cross-site or tokenless form post.
     #[error("{0}")]
     Forbidden(&'static str),
+    /// 401: the identity provider's answer could not be used.
+    #[error("the sign-in through the identity provider failed")]
+    OidcFailed,
     /// 403: beyond the signed-in key's role.
     #[error("this needs the {needed} role")]
     Role { needed: tocsin_domain::Role },
@@ -254,6 +271,11 @@ impl PageError {
         match self {
             PageError::SignIn => ("Sign in", "Sign in to see this page.".into()),
             PageError::Forbidden(message) => ("Refused", (*message).into()),
+            PageError::OidcFailed => (
+                "Sign-in failed",
+                "The sign-in through the identity provider could not be completed. Try again."
+                    .into(),
+            ),
             PageError::Role { needed } => (
                 "Not allowed",
                 format!(
@@ -310,6 +332,7 @@ impl ResponseError for PageError {
         match self {
             PageError::SignIn => StatusCode::SEE_OTHER,
             PageError::Forbidden(_) | PageError::Role { .. } => StatusCode::FORBIDDEN,
+            PageError::OidcFailed => StatusCode::UNAUTHORIZED,
             PageError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             PageError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             PageError::Admin(error) => error.status_code(),

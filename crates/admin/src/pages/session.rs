@@ -78,7 +78,11 @@ impl SessionKeys {
     /// A new session's cookie value for `subject` (`bootstrap` or a key's id, with the key's
     /// stored hash), valid until `now` + 12 h.
     pub fn issue(&self, now: OffsetDateTime, subject: &str, key_hash: Option<&[u8]>) -> String {
-        let expiry = now.unix_timestamp() + LIFETIME_SECS;
+        self.issue_until(now.unix_timestamp() + LIFETIME_SECS, subject, key_hash)
+    }
+
+    /// A session's cookie value valid until `expiry` (unix seconds).
+    fn issue_until(&self, expiry: i64, subject: &str, key_hash: Option<&[u8]>) -> String {
         let message = format!("{expiry}.{subject}");
         let mac =
             URL_SAFE_NO_PAD.encode(hmac::sign(&self.subject_key(key_hash), message.as_bytes()));
@@ -107,6 +111,29 @@ impl SessionKeys {
             return false;
         };
         verify_with(&self.subject_key(key_hash), message, mac)
+    }
+
+    /// The cookie that carries a sign-in to the identity provider and back: its `state`, nonce
+    /// and PKCE verifier, MAC'd. `SameSite=Lax`: the provider's redirect back is a cross-site
+    /// navigation, with which a `Strict` cookie would not be sent.
+    fn pending_cookie(&self, pending: &crate::oidc::Pending) -> Cookie<'static> {
+        let value = pending.encode();
+        let mac = self.mac(&format!("oidc.{value}"));
+        Cookie::build(OIDC_COOKIE, format!("{value}.{mac}"))
+            .path("/settings/sign-in/oidc")
+            .http_only(true)
+            .same_site(SameSite::Lax)
+            .secure(self.secure)
+            .max_age(actix_web::cookie::time::Duration::minutes(10))
+            .finish()
+    }
+
+    fn pending_of(&self, req: &HttpRequest) -> Option<crate::oidc::Pending> {
+        let cookie = req.cookie(OIDC_COOKIE)?;
+        let (value, mac) = cookie.value().rsplit_once('.')?;
+        self.verify_mac(&format!("oidc.{value}"), mac)
+            .then(|| crate::oidc::Pending::decode(value))
+            .flatten()
     }
 
     /// The CSRF token the forms of this session carry.
@@ -145,6 +172,46 @@ fn verify_with(key: &hmac::Key, message: &str, presented: &str) -> bool {
 
 /// The subject of the bootstrap token's sessions.
 const BOOTSTRAP_SUBJECT: &str = "bootstrap";
+/// The subject of an identity's sessions starts so: `oidc~<role>~<subject>~<name>`, both
+/// base64url.
+const IDENTITY_SUBJECT: &str = "oidc~";
+/// The cookie of a sign-in under way at the identity provider.
+const OIDC_COOKIE: &str = "tocsin_oidc";
+
+/// What an identity's sessions are signed with besides the token: the client secret, so that
+/// the token alone cannot make one.
+fn identity_binding(pages: &PagesState) -> Option<Vec<u8>> {
+    let oidc = pages.oidc.as_ref()?;
+    let secret = oidc.settings.client_secret.as_deref().unwrap_or_default();
+    Some(
+        ring::digest::digest(&ring::digest::SHA256, format!("oidc:{secret}").as_bytes())
+            .as_ref()
+            .to_vec(),
+    )
+}
+
+/// An identity's session subject.
+fn identity_subject(identity: &crate::oidc::Identity) -> String {
+    format!(
+        "{IDENTITY_SUBJECT}{}~{}~{}",
+        identity.role,
+        URL_SAFE_NO_PAD.encode(&identity.subject),
+        URL_SAFE_NO_PAD.encode(&identity.name)
+    )
+}
+
+/// Who an identity's session subject names, and with which role.
+fn identity_of(subject: &str) -> Option<(Who, Role)> {
+    let mut parts = subject.strip_prefix(IDENTITY_SUBJECT)?.split('~');
+    let role = parts.next()?.parse::<Role>().ok()?;
+    let text = |part: Option<&str>| String::from_utf8(URL_SAFE_NO_PAD.decode(part?).ok()?).ok();
+    let subject = text(parts.next())?;
+    let name = text(parts.next())?;
+    parts
+        .next()
+        .is_none()
+        .then_some((Who::Identity { subject, name }, role))
+}
 
 /// A signed-in request: it carried a valid session cookie of a live credential.
 #[derive(Debug, Clone)]
@@ -160,9 +227,10 @@ impl Session {
     /// The session of a request, if it has a valid one whose credential is still live.
     pub async fn of(
         req: &HttpRequest,
-        keys: &SessionKeys,
+        pages: &PagesState,
         state: &AdminState,
     ) -> Result<Option<Session>, PageError> {
+        let keys = &pages.keys;
         let Some(cookie) = req.cookie(COOKIE) else {
             return Ok(None);
         };
@@ -176,6 +244,14 @@ impl Session {
                 return Ok(None);
             }
             (Who::Bootstrap, Role::Admin)
+        } else if subject.starts_with(IDENTITY_SUBJECT) {
+            let Some(binding) = identity_binding(pages) else {
+                return Ok(None);
+            };
+            match identity_of(subject) {
+                Some(identified) if keys.verify(value, now, Some(&binding)) => identified,
+                _ => return Ok(None),
+            }
         } else {
             let Ok(id) = subject.parse::<Uuid>() else {
                 return Ok(None);
@@ -207,7 +283,7 @@ impl Session {
     /// signed out → [`PageError::SignIn`], beyond its role → 403.
     async fn allowed(req: &HttpRequest) -> Result<Session, PageError> {
         let (pages, state) = page_states(req)?;
-        let session = Session::of(req, &pages.keys, state)
+        let session = Session::of(req, pages, state)
             .await?
             .ok_or(PageError::SignIn)?;
         let needed = crate::roles::needed(
@@ -321,7 +397,7 @@ pub async fn sign_in_form(
     pages: web::Data<PagesState>,
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, PageError> {
-    if Session::of(&req, &pages.keys, &state).await?.is_some() {
+    if Session::of(&req, &pages, &state).await?.is_some() {
         return Ok(redirect("/settings/"));
     }
     render(
@@ -329,6 +405,7 @@ pub async fn sign_in_form(
         &SignInPage {
             layout: Layout::signed_out(),
             error: None,
+            oidc: pages.oidc.is_some(),
         },
     )
 }
@@ -364,6 +441,7 @@ pub async fn sign_in(
             &SignInPage {
                 layout: Layout::signed_out(),
                 error: Some("That is not a live admin key or the admin token."),
+                oidc: pages.oidc.is_some(),
             },
         );
     };
@@ -382,6 +460,115 @@ pub async fn sign_in(
     response
         .add_cookie(&pages.keys.cookie(value))
         .map_err(|e| PageError::Internal(e.to_string()))?;
+    Ok(response)
+}
+
+/// `GET /settings/sign-in/oidc`: sends the browser to the identity provider, with a new
+/// `state`, nonce and PKCE challenge, keeping them in a short-lived cookie.
+#[tracing::instrument(skip_all)]
+pub async fn oidc_start(
+    req: HttpRequest,
+    pages: web::Data<PagesState>,
+) -> Result<HttpResponse, PageError> {
+    let oidc = pages
+        .oidc
+        .as_ref()
+        .ok_or(PageError::Admin(crate::error::AdminError::NotFound("page")))?;
+    let pending = crate::oidc::Pending::new();
+    let redirect_url = oidc.settings.redirect_url(&req);
+    let url = oidc.authorization_url(&pending, &redirect_url).await.map_err(|error| {
+        tracing::warn!(error = %format!("{error:#}"), "the identity provider cannot be reached");
+        PageError::OidcFailed
+    })?;
+    let mut response = HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, url))
+        .finish();
+    response
+        .add_cookie(&pages.keys.pending_cookie(&pending))
+        .map_err(|e| PageError::Internal(e.to_string()))?;
+    Ok(response)
+}
+
+/// The provider's answer on the callback.
+#[derive(Debug, serde::Deserialize)]
+pub struct Callback {
+    code: Option<String>,
+    state: Option<String>,
+    error: Option<String>,
+}
+
+/// `GET /settings/sign-in/oidc/callback`: checks `state` against the cookie, exchanges the
+/// code (with the PKCE verifier), checks the ID token and its nonce, maps the identity's claim
+/// to a role, and signs in for as long as the ID token is valid (at most 12 h). An identity
+/// with no role is refused (403); anything else amiss is 401.
+#[tracing::instrument(skip_all)]
+pub async fn oidc_callback(
+    req: HttpRequest,
+    query: web::Query<Callback>,
+    pages: web::Data<PagesState>,
+    state: web::Data<AdminState>,
+) -> Result<HttpResponse, PageError> {
+    let oidc = pages
+        .oidc
+        .as_ref()
+        .ok_or(PageError::Admin(crate::error::AdminError::NotFound("page")))?;
+    let refused = |status: StatusCode, why: &str| {
+        state.refused(Surface::Pages, status);
+        tracing::warn!(client = %crate::actor::client_address(&req), why, "identity provider sign-in refused");
+    };
+    let pending = pages.keys.pending_of(&req);
+    let (Some(pending), Some(code), Some(returned), None) =
+        (pending, &query.code, &query.state, &query.error)
+    else {
+        refused(
+            StatusCode::UNAUTHORIZED,
+            "no sign-in under way, or the provider refused",
+        );
+        return Err(PageError::OidcFailed);
+    };
+    if !tocsin_domain::constant_time_eq(returned, &pending.state) {
+        refused(StatusCode::UNAUTHORIZED, "state mismatch");
+        return Err(PageError::OidcFailed);
+    }
+    let redirect_url = oidc.settings.redirect_url(&req);
+    let identity = match oidc.finish(code, &pending, &redirect_url).await {
+        Ok(identity) => identity,
+        Err(crate::oidc::OidcError::NoRole(name)) => {
+            refused(StatusCode::FORBIDDEN, "no role");
+            tracing::info!(identity = %name, "identity without a role refused");
+            return Err(PageError::Forbidden(
+                "Your identity has no role in Tocsin. Ask an admin to map one of your groups to a role.",
+            ));
+        }
+        Err(crate::oidc::OidcError::Failed(error)) => {
+            refused(StatusCode::UNAUTHORIZED, &format!("{error:#}"));
+            return Err(PageError::OidcFailed);
+        }
+    };
+    let binding = identity_binding(&pages).unwrap_or_default();
+    let now = OffsetDateTime::now_utc().unix_timestamp();
+    let expiry = identity
+        .expires_at
+        .unix_timestamp()
+        .min(now + LIFETIME_SECS);
+    let value = pages
+        .keys
+        .issue_until(expiry, &identity_subject(&identity), Some(&binding));
+    tracing::info!(identity = %identity.name, role = %identity.role, "settings sign-in through the identity provider");
+    let mut response = render(
+        StatusCode::OK,
+        &super::templates::SignedInPage {
+            layout: Layout::signed_out(),
+            name: identity.name.clone(),
+        },
+    )?;
+    let mut done = pages.keys.pending_cookie(&pending);
+    done.make_removal();
+    for cookie in [pages.keys.cookie(value), done] {
+        response
+            .add_cookie(&cookie)
+            .map_err(|e| PageError::Internal(e.to_string()))?;
+    }
     Ok(response)
 }
 

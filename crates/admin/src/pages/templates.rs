@@ -158,6 +158,18 @@ pub struct SelectOption {
 pub struct SignInPage {
     pub layout: Layout,
     pub error: Option<&'static str>,
+    /// Offer signing in through the OpenID Connect provider.
+    pub oidc: bool,
+}
+
+/// After a sign-in through the identity provider: a page that moves on to the settings itself
+/// (a same-site navigation, so that the `SameSite=Strict` session cookie goes with it, which a
+/// redirect at the end of the provider's cross-site chain would not carry).
+#[derive(Template)]
+#[template(path = "signed_in.html")]
+pub struct SignedInPage {
+    pub layout: Layout,
+    pub name: String,
 }
 
 /// A webhook's newest delivery, in the list.

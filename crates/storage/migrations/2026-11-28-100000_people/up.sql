@@ -19,8 +19,9 @@ CREATE INDEX admin_keys_listed ON admin_keys (created_at DESC, id DESC);
 CREATE TABLE audit_log (
     id uuid PRIMARY KEY,
     created_at timestamptz NOT NULL,
-    -- `key` (an admin key: actor_id is its id), `bootstrap` (TOCSIN_ADMIN_TOKEN) or `cli`.
-    actor_kind text NOT NULL CHECK (actor_kind IN ('key', 'bootstrap', 'cli')),
+    -- `key` (an admin key: actor_id is its id), `bootstrap` (TOCSIN_ADMIN_TOKEN), `oidc` (a
+    -- person signed in through the identity provider) or `cli`.
+    actor_kind text NOT NULL CHECK (actor_kind IN ('key', 'bootstrap', 'oidc', 'cli')),
     actor_id uuid,
     actor_name text NOT NULL,
     -- `api`, `pages` or `cli`.
