@@ -7,6 +7,10 @@
 # sends many wrong tokens from one address on purpose, so the per-address limit on failed
 # attempts is lifted for this run (crates/admin/tests/admin/auth.rs tests the limit itself).
 #
+# A second run sends the same operations with a `viewer` admin key (issued by the CLI) and the
+# check in schemathesis_viewer.py: no write may succeed; every answer must still be one the
+# document describes (403 naming the role needed, for what a viewer may not do).
+#
 #   deploy/ci/schemathesis.sh            # as deploy/local/test runs it
 #   ST_MAX_EXAMPLES=200 deploy/ci/schemathesis.sh
 set -euo pipefail
@@ -54,6 +58,18 @@ curl -sf "http://127.0.0.1:$port/readyz" >/dev/null || { echo "tocsin-admin did 
 st --config-file deploy/ci/schemathesis.toml run "http://127.0.0.1:$port/api/v1/openapi.json" \
   --header "Authorization: Bearer $token" \
   --checks all \
+  --exclude-path /api/v1/webhooks/alerts \
+  --max-examples "${ST_MAX_EXAMPLES:-30}" \
+  --workers 2 \
+  --max-time "${ST_MAX_TIME:-180}" \
+  --suppress-health-check all
+
+viewer=$(DATABASE_URL="postgres://postgres@127.0.0.1:5432/$database" \
+  "${CARGO_TARGET_DIR:-target}/debug/tocsin-admin" key create --name schemathesis-viewer --role viewer)
+SCHEMATHESIS_HOOKS=deploy/ci/schemathesis_viewer.py \
+st --config-file deploy/ci/schemathesis.toml run "http://127.0.0.1:$port/api/v1/openapi.json" \
+  --header "Authorization: Bearer $viewer" \
+  --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance,no_write_succeeds \
   --exclude-path /api/v1/webhooks/alerts \
   --max-examples "${ST_MAX_EXAMPLES:-30}" \
   --workers 2 \

@@ -130,9 +130,10 @@ ensure_nextest() {
   fi
 }
 
-# The browser test (crates/e2e/tests/e2e/browser.rs) drives Debian's Chromium with Playwright's
-# library (npm playwright-core, pinned by crates/e2e/tests/browser/package-lock.json). No
-# browser is downloaded: Playwright launches /usr/bin/chromium.
+# The browser tests (crates/e2e/tests/e2e/browser.rs, oidc.rs) drive Debian's Chromium with
+# Playwright's library (npm playwright-core; oidc.rs also runs the OpenID provider
+# oidc-provider; both pinned by crates/e2e/tests/browser/package-lock.json). No browser is
+# downloaded: Playwright launches /usr/bin/chromium.
 ensure_browser_tools() {
   if [ ! -x /usr/bin/chromium ]; then apt_install chromium; fi
   if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then

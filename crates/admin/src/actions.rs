@@ -1,25 +1,31 @@
 //! What an operator can do, whichever surface asks: the JSON API and the settings pages both
 //! call these, so the checks (no test event for a disabled webhook, no retry for a deleted
-//! one), the log lines and the relay wake-ups are the same for both.
+//! one), the log lines, the audit entries (each write names its [`Actor`]) and the relay
+//! wake-ups are the same for both.
 
 use time::OffsetDateTime;
 use tocsin_domain::IncidentStatus;
 use tocsin_storage::deliveries::Delivery;
-use tocsin_storage::incidents::{self, Incident};
+use tocsin_storage::incidents::Incident;
 use tocsin_storage::outbox::NewEvent;
-use tocsin_storage::replays::{self, NewReplay, Replay};
+use tocsin_storage::replays::{NewReplay, Replay};
 use tocsin_storage::webhooks::{self, NewWebhook, Webhook};
 use uuid::Uuid;
 
+use crate::actor::Actor;
 use crate::error::{AdminError, OrNotFound};
 use crate::state::AdminState;
 use crate::store::{self, WebhookPatch};
 
 /// Creates a webhook with a new signing secret.
 #[tracing::instrument(skip_all)]
-pub async fn create_webhook(state: &AdminState, new: &NewWebhook) -> Result<Webhook, AdminError> {
+pub async fn create_webhook(
+    state: &AdminState,
+    actor: &Actor,
+    new: &NewWebhook,
+) -> Result<Webhook, AdminError> {
     let mut conn = state.conn().await?;
-    let webhook = webhooks::create(&mut conn, new).await?;
+    let webhook = store::create_webhook(&mut conn, actor, new).await?;
     tracing::info!(webhook = %webhook.id, "webhook created");
     Ok(webhook)
 }
@@ -28,11 +34,12 @@ pub async fn create_webhook(state: &AdminState, new: &NewWebhook) -> Result<Webh
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn update_webhook(
     state: &AdminState,
+    actor: &Actor,
     id: Uuid,
     patch: &WebhookPatch,
 ) -> Result<Webhook, AdminError> {
     let mut conn = state.conn().await?;
-    let webhook = store::update_webhook(&mut conn, id, patch)
+    let webhook = store::update_webhook(&mut conn, actor, id, patch)
         .await
         .or_not_found("webhook")?;
     tracing::info!(webhook = %webhook.id, "webhook changed");
@@ -41,9 +48,9 @@ pub async fn update_webhook(
 
 /// Deletes a webhook; its delivery log stays readable.
 #[tracing::instrument(skip_all, fields(id = %id))]
-pub async fn delete_webhook(state: &AdminState, id: Uuid) -> Result<(), AdminError> {
+pub async fn delete_webhook(state: &AdminState, actor: &Actor, id: Uuid) -> Result<(), AdminError> {
     let mut conn = state.conn().await?;
-    webhooks::delete(&mut conn, id)
+    store::delete_webhook(&mut conn, actor, id)
         .await
         .or_not_found("webhook")?;
     tracing::info!(webhook = %id, "webhook deleted");
@@ -52,9 +59,13 @@ pub async fn delete_webhook(state: &AdminState, id: Uuid) -> Result<(), AdminErr
 
 /// Issues a new signing secret; the old one keeps signing for the grace period.
 #[tracing::instrument(skip_all, fields(id = %id))]
-pub async fn rotate_secret(state: &AdminState, id: Uuid) -> Result<Webhook, AdminError> {
+pub async fn rotate_secret(
+    state: &AdminState,
+    actor: &Actor,
+    id: Uuid,
+) -> Result<Webhook, AdminError> {
     let mut conn = state.conn().await?;
-    let webhook = webhooks::rotate_secret(&mut conn, id, state.secret_grace)
+    let webhook = store::rotate_secret(&mut conn, actor, id, state.secret_grace)
         .await
         .or_not_found("webhook")?;
     tracing::info!(webhook = %webhook.id, "webhook secret rotated");
@@ -63,7 +74,11 @@ pub async fn rotate_secret(state: &AdminState, id: Uuid) -> Result<Webhook, Admi
 
 /// Records a sample `incidents.opened` event for this webhook only (409 when disabled).
 #[tracing::instrument(skip_all, fields(id = %id))]
-pub async fn send_test_event(state: &AdminState, id: Uuid) -> Result<NewEvent, AdminError> {
+pub async fn send_test_event(
+    state: &AdminState,
+    actor: &Actor,
+    id: Uuid,
+) -> Result<NewEvent, AdminError> {
     let mut conn = state.conn().await?;
     let webhook = webhooks::get(&mut conn, id).await.or_not_found("webhook")?;
     if !webhook.enabled {
@@ -71,7 +86,7 @@ pub async fn send_test_event(state: &AdminState, id: Uuid) -> Result<NewEvent, A
             "the webhook is disabled; enable it to send it events".into(),
         ));
     }
-    let event = store::record_test_event(&mut conn, webhook.id).await?;
+    let event = store::record_test_event(&mut conn, actor, webhook.id).await?;
     state.wake_relay();
     tracing::info!(webhook = %webhook.id, event = %event.id, "test event recorded");
     Ok(event)
@@ -80,9 +95,13 @@ pub async fn send_test_event(state: &AdminState, id: Uuid) -> Result<NewEvent, A
 /// Enqueues one immediate manual attempt of a delivery (409 when it succeeded already, or its
 /// webhook was deleted or is disabled: checked under the webhook's row lock, as recover does).
 #[tracing::instrument(skip_all, fields(id = %id))]
-pub async fn retry_delivery(state: &AdminState, id: Uuid) -> Result<Delivery, AdminError> {
+pub async fn retry_delivery(
+    state: &AdminState,
+    actor: &Actor,
+    id: Uuid,
+) -> Result<Delivery, AdminError> {
     let mut conn = state.conn().await?;
-    let delivery = store::retry(&mut conn, id, undeliverable)
+    let delivery = store::retry(&mut conn, actor, id, undeliverable)
         .await
         .or_not_found("delivery")??
         .ok_or_else(|| {
@@ -99,11 +118,12 @@ pub async fn retry_delivery(state: &AdminState, id: Uuid) -> Result<Delivery, Ad
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn recover(
     state: &AdminState,
+    actor: &Actor,
     id: Uuid,
     since: OffsetDateTime,
 ) -> Result<(usize, usize), AdminError> {
     let mut conn = state.conn().await?;
-    let (retried, sent_waiting) = store::recover(&mut conn, id, since, undeliverable)
+    let (retried, sent_waiting) = store::recover(&mut conn, actor, id, since, undeliverable)
         .await
         .or_not_found("webhook")??;
     if retried + sent_waiting > 0 {
@@ -155,12 +175,15 @@ pub fn replay_request(
 /// Records a replay of past events to a webhook (404 for a deleted one); dispatchers work
 /// through it.
 #[tracing::instrument(skip_all, fields(id = %request.webhook_id))]
-pub async fn replay(state: &AdminState, request: &NewReplay) -> Result<Replay, AdminError> {
+pub async fn replay(
+    state: &AdminState,
+    actor: &Actor,
+    request: &NewReplay,
+) -> Result<Replay, AdminError> {
     let mut conn = state.conn().await?;
-    webhooks::get(&mut conn, request.webhook_id)
+    let replay = store::replay(&mut conn, actor, request)
         .await
         .or_not_found("webhook")?;
-    let replay = replays::create(&mut conn, request).await?;
     tracing::info!(webhook = %request.webhook_id, replay = %replay.id, "replay recorded");
     Ok(replay)
 }
@@ -169,16 +192,32 @@ pub async fn replay(state: &AdminState, request: &NewReplay) -> Result<Replay, A
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn change_incident_status(
     state: &AdminState,
+    actor: &Actor,
     id: Uuid,
     to: IncidentStatus,
 ) -> Result<(Incident, Vec<NewEvent>), AdminError> {
     let mut conn = state.conn().await?;
-    let (incident, events) = incidents::change_status(&mut conn, id, to).await?;
+    let (incident, events) = store::change_incident_status(&mut conn, actor, id, to).await?;
     if !events.is_empty() {
         state.wake_relay();
         tracing::info!(incident = %incident.id, status = %incident.status, "incident status changed");
     }
     Ok((incident, events))
+}
+
+/// Reads a webhook to show its signing secret, recording the reveal in the audit log.
+#[tracing::instrument(skip_all, fields(id = %id))]
+pub async fn reveal_secret(
+    state: &AdminState,
+    actor: &Actor,
+    id: Uuid,
+) -> Result<Webhook, AdminError> {
+    let mut conn = state.conn().await?;
+    let webhook = store::reveal_secret(&mut conn, actor, id)
+        .await
+        .or_not_found("webhook")?;
+    tracing::info!(webhook = %webhook.id, "webhook secret revealed");
+    Ok(webhook)
 }
 
 /// 409 unless the webhook can receive deliveries (not deleted, enabled).

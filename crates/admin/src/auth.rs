@@ -1,49 +1,100 @@
-//! The admin token check in front of every `/api/v1` route but the OpenAPI document, and the
-//! limit on failed attempts per client address it shares with the settings pages' sign-in.
+//! Who a request is: the bootstrap token (`TOCSIN_ADMIN_TOKEN`, unless turned off) or an admin
+//! key, looked up in the database on every request so that a revocation holds at once on every
+//! admin instance; what its role allows (`crate::roles`); the limit on failed attempts per
+//! client address it shares with the settings pages' sign-in; and the count of refusals.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use actix_web::HttpRequest;
-
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
-use actix_web::web;
+use actix_web::{web, HttpMessage};
+use prometheus::{IntCounterVec, Opts, Registry};
+use tocsin_domain::{AccessToken, Role};
+use tocsin_storage::admin_keys;
 use tocsin_web::auth::bearer_token;
 use tocsin_web::ApiError;
 
-use crate::config::AdminToken;
+use crate::actor::{client_address, Actor, Surface, Who};
+use crate::error::AdminError;
+use crate::state::AdminState;
 
 /// The window failed attempts are counted over.
 const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 /// Addresses tracked at most; past this, the oldest records are dropped first.
 const TRACKED_ADDRESSES: usize = 10_000;
 
-/// Lets a request with the admin token through, always. Refuses a request without it with 401
-/// (and `WWW-Authenticate: Bearer`), or with 429 (and `Retry-After`) when its address presented
-/// too many wrong tokens lately.
+/// Who presented `credential`, and with which role: the bootstrap token when it is on and
+/// matches, else a live admin key; `None` for anything else (unknown, revoked, expired).
+pub async fn identify(
+    state: &AdminState,
+    credential: &str,
+) -> Result<Option<(Who, Role)>, AdminError> {
+    if state
+        .bootstrap
+        .as_ref()
+        .is_some_and(|token| token.matches(credential))
+    {
+        return Ok(Some((Who::Bootstrap, Role::Admin)));
+    }
+    let Some(presented) = AccessToken::admin_key_from_presented(credential) else {
+        return Ok(None);
+    };
+    let mut conn = state.conn().await?;
+    Ok(admin_keys::authenticate(&mut conn, &presented)
+        .await?
+        .map(|key| {
+            (
+                Who::Key {
+                    id: key.id,
+                    name: key.name,
+                },
+                key.role,
+            )
+        }))
+}
+
+/// In front of every `/api/v1` route but the OpenAPI document: lets a request with the
+/// bootstrap token or a live admin key through, with its [`Actor`] attached. Refuses one
+/// without with 401 (and `WWW-Authenticate: Bearer`), or with 429 (and `Retry-After`) when its
+/// address presented too many wrong credentials lately.
 ///
-/// The token is checked before the limiter: behind an ingress every admin shares one address,
-/// so a limit that also refused the right token would let anyone lock every admin out. The
-/// limit only makes an address's wrong guesses cheaper to answer; the admin token's length
-/// (at least 16 characters, random in practice) is what defeats guessing.
-pub async fn require_admin_token(
+/// The credential is checked before the limiter: behind an ingress every admin shares one
+/// address, so a limit that also refused the right credential would let anyone lock every
+/// admin out. The limit only makes an address's wrong guesses cheaper to answer; the
+/// credentials' length is what defeats guessing.
+pub async fn authenticate(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let allowed = req
-        .app_data::<web::Data<AdminToken>>()
-        .zip(bearer_token(req.request()))
-        .is_some_and(|(expected, presented)| expected.matches(presented));
-    if allowed {
+    let state = req
+        .app_data::<web::Data<AdminState>>()
+        .cloned()
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "not configured",
+            )
+        })?;
+    let presented = bearer_token(req.request()).map(str::to_owned);
+    let identified = match &presented {
+        Some(credential) => identify(&state, credential).await?,
+        None => None,
+    };
+    if let Some((who, role)) = identified {
+        let actor = Actor::of_request(req.request(), who, role, Surface::Api);
+        req.extensions_mut().insert(actor);
         return next.call(req).await;
     }
-    // A presented wrong token is a guess; a request with no token at all is not.
+    state.refused(Surface::Api, StatusCode::UNAUTHORIZED);
+    // A presented wrong credential is a guess; a request with none at all is not.
     let limiter = req.app_data::<web::Data<FailedAuthLimiter>>().cloned();
-    if let (Some(limiter), Some(_)) = (&limiter, bearer_token(req.request())) {
+    if let (Some(limiter), Some(_)) = (&limiter, presented) {
         let address = client_address(req.request());
         let now = Instant::now();
         if let Err(wait) = limiter.check(address, now) {
@@ -52,6 +103,53 @@ pub async fn require_admin_token(
         limiter.record_failure(address, now);
     }
     Err(ApiError::unauthorized().into())
+}
+
+/// In front of each `/api/v1` resource, after [`authenticate`]: refuses with 403, naming the
+/// role needed, a request its actor's role does not allow (`crate::roles::API`).
+pub async fn authorize(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let needed = crate::roles::needed(
+        crate::roles::API,
+        req.method().as_str(),
+        req.match_pattern().as_deref(),
+    );
+    let role = req.extensions().get::<Actor>().map(|actor| actor.role);
+    match role {
+        Some(role) if role.allows(needed) => next.call(req).await,
+        Some(role) => {
+            if let Some(state) = req.app_data::<web::Data<AdminState>>() {
+                state.refused(Surface::Api, StatusCode::FORBIDDEN);
+            }
+            Err(forbidden(needed, role).into())
+        }
+        None => Err(ApiError::unauthorized().into()),
+    }
+}
+
+/// The 403 of a request beyond its role, naming the role it needs.
+pub fn forbidden(needed: Role, held: Role) -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        format!("this needs the {needed} role; the credential used has the {held} role"),
+    )
+}
+
+/// `tocsin_admin_auth_refusals_total`: failed sign-ins and refused requests, by surface
+/// (`api`, `pages`) and status (`401` no or a wrong credential, `403` beyond its role).
+pub fn refusals_metric(registry: &Registry) -> anyhow::Result<IntCounterVec> {
+    let counter = IntCounterVec::new(
+        Opts::new(
+            "tocsin_admin_auth_refusals_total",
+            "Failed sign-ins and refused admin requests, by surface and status (401, 403).",
+        ),
+        &["surface", "status"],
+    )?;
+    registry.register(Box::new(counter.clone()))?;
+    Ok(counter)
 }
 
 /// Failed admin-token attempts (API calls and sign-ins) per client address over the last
@@ -103,14 +201,6 @@ impl FailedAuthLimiter {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         failures.remove(&address);
     }
-}
-
-/// The address failed attempts are counted against: the TCP peer (not a forwarded-for header,
-/// which a client could set to anything).
-pub fn client_address(req: &HttpRequest) -> IpAddr {
-    req.peer_addr()
-        .map(|addr| addr.ip())
-        .unwrap_or(IpAddr::from([0, 0, 0, 0]))
 }
 
 #[cfg(test)]

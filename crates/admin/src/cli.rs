@@ -1,7 +1,10 @@
 //! The operator's command line: `tocsin-admin token ...` (inbound tokens, for bootstrapping and
-//! scripts), `migrate`, `reshape`, `deliveries failed|retry|recover`, `prune` and `parked list|replay`. Only the token goes to
-//! stdout on `token create`, so `TOKEN=$(tocsin-admin token create --name x)` captures it;
-//! everything else a command says about itself goes to stderr.
+//! scripts), `key ...` (admin keys), `audit` (the audit log), `migrate`, `reshape`,
+//! `deliveries failed|retry|recover`, `prune` and `parked list|replay`. Only the token goes to
+//! stdout on `token create` (and the key on `key create`), so
+//! `TOKEN=$(tocsin-admin token create --name x)` captures it; everything else a command says
+//! about itself goes to stderr. Its changes are recorded in the audit log as made by
+//! `cli:$USER` through the `cli` surface.
 
 use std::io::Write;
 
@@ -9,12 +12,15 @@ use anyhow::Context;
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use tocsin_storage::{tokens, DbError, Page};
 
+use crate::actor::Actor;
+use crate::api::admin_keys::{CheckedKey, NewAdminKey};
 use crate::api::tokens::{CheckedToken, NewToken};
 use crate::config::{
-    DeliveriesAction, DeliveriesArgs, MigrateArgs, ParkedAction, ParkedArgs, PruneArgs,
-    TokenAction, TokenArgs,
+    AuditArgs, DeliveriesAction, DeliveriesArgs, KeyAction, KeyArgs, MigrateArgs, ParkedAction,
+    ParkedArgs, PruneArgs, TokenAction, TokenArgs,
 };
 use crate::error::AdminError;
+use crate::store;
 
 /// Migrates, then connects.
 async fn connect(url: &str) -> anyhow::Result<AsyncPgConnection> {
@@ -163,7 +169,7 @@ pub async fn deliveries(args: DeliveriesArgs) -> anyhow::Result<()> {
             }
         }
         DeliveriesAction::Retry { id } => {
-            match crate::store::retry(&mut conn, id, crate::actions::undeliverable).await {
+            match store::retry(&mut conn, &Actor::cli(), id, crate::actions::undeliverable).await {
                 Ok(Ok(Some(_))) => {}
                 Ok(Ok(None)) => {
                     anyhow::bail!("delivery {id} succeeded already: nothing is retried")
@@ -187,11 +193,11 @@ pub async fn deliveries(args: DeliveriesArgs) -> anyhow::Result<()> {
                 events.as_deref(),
             )
             .map_err(|e| anyhow::anyhow!("{e}"))?;
-            if let Err(DbError::NotFound) = tocsin_storage::webhooks::get(&mut conn, webhook).await
-            {
-                anyhow::bail!("no webhook {webhook}");
-            }
-            let replay = tocsin_storage::replays::create(&mut conn, &request).await?;
+            let replay = match store::replay(&mut conn, &Actor::cli(), &request).await {
+                Ok(replay) => replay,
+                Err(DbError::NotFound) => anyhow::bail!("no webhook {webhook}"),
+                Err(error) => return Err(error.into()),
+            };
             writeln!(out, "{}", replay.id)?;
             eprintln!(
                 "recorded replay {} of webhook {webhook}; dispatchers make its deliveries",
@@ -199,9 +205,14 @@ pub async fn deliveries(args: DeliveriesArgs) -> anyhow::Result<()> {
             );
         }
         DeliveriesAction::Recover { webhook, since } => {
-            let recovered =
-                crate::store::recover(&mut conn, webhook, since, crate::actions::undeliverable)
-                    .await;
+            let recovered = store::recover(
+                &mut conn,
+                &Actor::cli(),
+                webhook,
+                since,
+                crate::actions::undeliverable,
+            )
+            .await;
             let (n, waiting) = match recovered {
                 Ok(Ok(counts)) => counts,
                 Ok(Err(refused)) => anyhow::bail!("webhook {webhook}: {refused}"),
@@ -238,13 +249,9 @@ pub async fn run(args: TokenArgs) -> anyhow::Result<()> {
                 signing_secret,
                 sns_signature,
             };
-            let checked = CheckedToken::check(new).map_err(|error| match error {
-                AdminError::Invalid { field, message } => {
-                    anyhow::anyhow!("--{}: {message}", field.replace('_', "-"))
-                }
-                other => anyhow::anyhow!("{other}"),
-            })?;
-            let (record, token) = tokens::issue(&mut conn, &checked.as_new()).await?;
+            let checked = CheckedToken::check(new).map_err(flag_error)?;
+            let (record, token) =
+                store::issue_token(&mut conn, &Actor::cli(), &checked.as_new()).await?;
             writeln!(out, "{}", token.expose())?;
             eprintln!(
                 "created inbound token {} ({}, prefix {}{}); it is shown only this once",
@@ -266,9 +273,6 @@ pub async fn run(args: TokenArgs) -> anyhow::Result<()> {
             loop {
                 let (items, next) = tokens::list(&mut conn, &page).await?;
                 for t in items {
-                    let time = |t: Option<time::OffsetDateTime>| {
-                        t.map_or_else(|| "-".to_owned(), tocsin_domain::rfc3339_utc::format)
-                    };
                     writeln!(
                         out,
                         "{}\t{}\t{}\t{}\t{}\t{}\t{}",
@@ -277,8 +281,8 @@ pub async fn run(args: TokenArgs) -> anyhow::Result<()> {
                         t.lookup,
                         t.source.as_deref().unwrap_or("-"),
                         tocsin_domain::rfc3339_utc::format(t.created_at),
-                        time(t.last_used_at),
-                        time(t.revoked_at)
+                        time_or_dash(t.last_used_at),
+                        time_or_dash(t.revoked_at)
                     )?;
                 }
                 match next {
@@ -287,13 +291,139 @@ pub async fn run(args: TokenArgs) -> anyhow::Result<()> {
                 }
             }
         }
-        TokenAction::Revoke { id } => match tokens::revoke(&mut conn, id).await {
+        TokenAction::Revoke { id } => match store::revoke_token(&mut conn, &Actor::cli(), id).await
+        {
             Ok(()) => eprintln!("revoked inbound token {id}"),
             Err(DbError::NotFound) => {
                 anyhow::bail!("no live inbound token {id} (unknown or already revoked)")
             }
             Err(error) => return Err(error.into()),
         },
+    }
+    Ok(())
+}
+
+/// The message of a refused field, named as the command line's flag (`--expires-at`).
+fn flag_error(error: AdminError) -> anyhow::Error {
+    match error {
+        AdminError::Invalid { field, message } => {
+            anyhow::anyhow!("--{}: {message}", field.replace('_', "-"))
+        }
+        other => anyhow::anyhow!("{other}"),
+    }
+}
+
+fn time_or_dash(at: Option<time::OffsetDateTime>) -> String {
+    at.map_or_else(|| "-".to_owned(), tocsin_domain::rfc3339_utc::format)
+}
+
+/// `tocsin-admin key ...`.
+pub async fn keys(args: KeyArgs) -> anyhow::Result<()> {
+    use tocsin_storage::admin_keys;
+    let mut conn = connect(&args.common.database_url).await?;
+    let mut out = std::io::stdout().lock();
+    match args.action {
+        KeyAction::Create {
+            name,
+            role,
+            expires_at,
+        } => {
+            let checked = CheckedKey::check(&NewAdminKey {
+                name,
+                role,
+                expires_at,
+            })
+            .map_err(flag_error)?;
+            let (record, key) =
+                store::issue_admin_key(&mut conn, &Actor::cli(), &checked.as_new()).await?;
+            writeln!(out, "{}", key.expose())?;
+            eprintln!(
+                "created admin key {} ({}, role {}, prefix {}); it is shown only this once",
+                record.id, record.name, record.role, record.lookup
+            );
+        }
+        KeyAction::List => {
+            writeln!(
+                out,
+                "ID\tNAME\tROLE\tPREFIX\tCREATED\tEXPIRES\tLAST USED\tREVOKED"
+            )?;
+            let mut page = Page {
+                limit: Page::MAX_LIMIT,
+                cursor: None,
+            };
+            loop {
+                let (items, next) = admin_keys::list(&mut conn, &page).await?;
+                for k in items {
+                    writeln!(
+                        out,
+                        "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                        k.id,
+                        k.name,
+                        k.role,
+                        k.lookup,
+                        tocsin_domain::rfc3339_utc::format(k.created_at),
+                        time_or_dash(k.expires_at),
+                        time_or_dash(k.last_used_at),
+                        time_or_dash(k.revoked_at)
+                    )?;
+                }
+                match next {
+                    Some(cursor) => page.cursor = Some(cursor),
+                    None => break,
+                }
+            }
+        }
+        KeyAction::Revoke { id } => {
+            match store::revoke_admin_key(&mut conn, &Actor::cli(), id).await {
+                Ok(_) => eprintln!("revoked admin key {id}"),
+                Err(DbError::NotFound) => {
+                    anyhow::bail!("no live admin key {id} (unknown or already revoked)")
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `tocsin-admin audit`: the newest entries, one a line, tab-separated.
+pub async fn audit(args: AuditArgs) -> anyhow::Result<()> {
+    let query = crate::api::audit_log::AuditQuery {
+        actor: args.actor,
+        resource_type: args.resource_type,
+        resource_id: args.resource_id,
+        action: args.action,
+        since: args.since,
+        until: args.until,
+        limit: None,
+        cursor: None,
+    };
+    let filter = query.filter().map_err(|e| anyhow::anyhow!("--{e}"))?;
+    let mut conn = connect(&args.common.database_url).await?;
+    let page = Page {
+        limit: args.limit.clamp(1, Page::MAX_LIMIT),
+        cursor: None,
+    };
+    let (entries, _) = tocsin_storage::audit::list(&mut conn, &filter, &page).await?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "AT\tACTOR\tACTOR ID\tSURFACE\tADDRESS\tACTION\tRESOURCE\tID"
+    )?;
+    for e in entries {
+        writeln!(
+            out,
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            tocsin_domain::rfc3339_utc::format(e.created_at),
+            e.actor_name,
+            e.actor_id
+                .map_or_else(|| "-".to_owned(), |id| id.to_string()),
+            e.surface,
+            e.address.as_deref().unwrap_or("-"),
+            e.action,
+            e.resource_type,
+            e.resource_id.as_deref().unwrap_or("-"),
+        )?;
     }
     Ok(())
 }

@@ -7,7 +7,14 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `TOCSIN_ADMIN_ADDR` | `127.0.0.1:8081` | listen address |
-//! | `TOCSIN_ADMIN_TOKEN` | none: required | bearer token of the admin API, at least 16 characters |
+//! | `TOCSIN_ADMIN_TOKEN` | none: required | the bootstrap token: an `admin` credential of the API and the pages (at least 16 characters); it also keys the pages' session cookies |
+//! | `TOCSIN_ADMIN_TOKEN_DISABLED` | `false` | `true`: the bootstrap token no longer opens the API or the pages; only admin keys do. Admin refuses to start so unless a live `admin` key exists |
+//! | `TOCSIN_AUDIT_RETENTION` | `365d` | audit log entries older than this are deleted (hourly, by admin) |
+//! | `TOCSIN_OIDC_ISSUER` | unset: no OpenID Connect | the identity provider the pages also sign in with |
+//! | `TOCSIN_OIDC_CLIENT_ID`, `TOCSIN_OIDC_CLIENT_SECRET` | none | Tocsin's client at the provider (the secret optional: PKCE is always used) |
+//! | `TOCSIN_OIDC_REDIRECT_URL` | from the request | `https://<admin>/settings/sign-in/oidc/callback`, as registered at the provider |
+//! | `TOCSIN_OIDC_ROLE_CLAIM` | `groups` | the ID token claim holding the identity's groups or roles |
+//! | `TOCSIN_OIDC_ROLES` | none | `value=role` pairs, comma-separated: which claim values give which role |
 //! | `TOCSIN_SECRET_GRACE` | `24h` | how long a rotated-out webhook secret keeps signing |
 //! | `TOCSIN_ADMIN_BODY_LIMIT` | `1048576` | largest accepted request body, bytes (1 MiB) |
 //! | `TOCSIN_OUTBOX_POLL` | `1s` | fallback poll of the outbox relay |
@@ -16,8 +23,10 @@
 //! | `TOCSIN_SECURE_COOKIES` | `false` | mark the settings pages' session cookie `Secure` (set it when admin is reached over HTTPS) |
 //!
 //! The operator commands (`tocsin-admin token create --name NAME`, `token list`,
-//! `token revoke ID`, `migrate`, `reshape`, `deliveries failed|retry|recover`, `prune`) read only the common
-//! settings (in practice `DATABASE_URL`), migrate the database first, and need no admin token.
+//! `token revoke ID`, `key create|list|revoke`, `audit`, `migrate`, `reshape`,
+//! `deliveries failed|retry|recover`, `prune`) read only the common settings (in practice
+//! `DATABASE_URL`), migrate the database first, and need no admin token; their changes are
+//! recorded in the audit log as made by `cli:$USER`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -77,6 +86,35 @@ impl fmt::Debug for AdminToken {
     }
 }
 
+/// A secret setting other than the admin token (the OpenID Connect client secret). `Debug` does
+/// not print it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretSetting(String);
+
+impl SecretSetting {
+    pub fn new(secret: impl Into<String>) -> Self {
+        SecretSetting(secret.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for SecretSetting {
+    // Never fails: a failure message from clap would print the value.
+    type Err = std::convert::Infallible;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Ok(SecretSetting(text.to_owned()))
+    }
+}
+
+impl fmt::Debug for SecretSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretSetting(…redacted)")
+    }
+}
+
 /// `tocsin-admin` serve settings.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Config {
@@ -92,7 +130,8 @@ pub struct Config {
     )]
     pub addr: String,
 
-    /// Bearer token every /api/v1 call must present (at least 16 characters).
+    /// The bootstrap token: an `admin` credential of the API and the pages (at least 16
+    /// characters); it also keys the pages' session cookies.
     #[arg(
         long,
         env = "TOCSIN_ADMIN_TOKEN",
@@ -101,6 +140,64 @@ pub struct Config {
         hide_env_values = true
     )]
     pub admin_token: Option<AdminToken>,
+
+    /// Turn the bootstrap token off as a credential once admin keys exist (admin refuses to
+    /// start so without a live `admin` key).
+    #[arg(
+        long,
+        env = "TOCSIN_ADMIN_TOKEN_DISABLED",
+        value_name = "TOCSIN_ADMIN_TOKEN_DISABLED",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    pub admin_token_disabled: bool,
+
+    /// The OpenID Connect issuer the pages also sign in with (unset: keys only).
+    #[arg(long, env = "TOCSIN_OIDC_ISSUER", value_name = "TOCSIN_OIDC_ISSUER")]
+    pub oidc_issuer: Option<String>,
+
+    /// Tocsin's client id at the provider.
+    #[arg(
+        long,
+        env = "TOCSIN_OIDC_CLIENT_ID",
+        value_name = "TOCSIN_OIDC_CLIENT_ID"
+    )]
+    pub oidc_client_id: Option<String>,
+
+    /// Tocsin's client secret at the provider (optional: PKCE is always used).
+    #[arg(
+        long,
+        env = "TOCSIN_OIDC_CLIENT_SECRET",
+        value_name = "TOCSIN_OIDC_CLIENT_SECRET",
+        hide_env_values = true
+    )]
+    pub oidc_client_secret: Option<SecretSetting>,
+
+    /// The callback registered at the provider: `https://<admin>/settings/sign-in/oidc/callback`
+    /// (default: built from the address each request was sent to).
+    #[arg(
+        long,
+        env = "TOCSIN_OIDC_REDIRECT_URL",
+        value_name = "TOCSIN_OIDC_REDIRECT_URL"
+    )]
+    pub oidc_redirect_url: Option<String>,
+
+    /// The ID token claim holding the identity's groups or roles.
+    #[arg(
+        long,
+        env = "TOCSIN_OIDC_ROLE_CLAIM",
+        value_name = "TOCSIN_OIDC_ROLE_CLAIM",
+        default_value = "groups"
+    )]
+    pub oidc_role_claim: String,
+
+    /// Which claim values give which role: `value=role` pairs, comma-separated.
+    #[arg(long, env = "TOCSIN_OIDC_ROLES", value_name = "TOCSIN_OIDC_ROLES")]
+    pub oidc_roles: Option<String>,
+
+    /// How long audit log entries are kept.
+    #[arg(long, env = "TOCSIN_AUDIT_RETENTION", value_name = "TOCSIN_AUDIT_RETENTION", default_value = "365d", value_parser = parse_duration_arg)]
+    pub audit_retention: Duration,
 
     /// How long a rotated-out webhook secret keeps signing beside the new one.
     #[arg(long, env = "TOCSIN_SECRET_GRACE", value_name = "TOCSIN_SECRET_GRACE", default_value = "24h", value_parser = parse_duration_arg)]
@@ -147,6 +244,14 @@ impl Config {
             common,
             addr: "127.0.0.1:0".into(),
             admin_token: Some(AdminToken::new(admin_token)),
+            admin_token_disabled: false,
+            audit_retention: Duration::from_secs(365 * 24 * 60 * 60),
+            oidc_issuer: None,
+            oidc_client_id: None,
+            oidc_client_secret: None,
+            oidc_redirect_url: None,
+            oidc_role_claim: "groups".into(),
+            oidc_roles: None,
             secret_grace: Duration::from_secs(24 * 60 * 60),
             body_limit: 1024 * 1024,
             outbox_poll: Duration::from_millis(500),
@@ -154,6 +259,40 @@ impl Config {
             secure_cookies: false,
             auth_failures: 5,
         }
+    }
+}
+
+impl Config {
+    /// The OpenID Connect settings, when `TOCSIN_OIDC_ISSUER` is set (each other one it needs
+    /// named when missing).
+    pub fn oidc(&self) -> anyhow::Result<Option<crate::oidc::OidcSettings>> {
+        let Some(issuer) = self.oidc_issuer.clone().filter(|i| !i.trim().is_empty()) else {
+            return Ok(None);
+        };
+        let need = |value: &Option<String>, name: &str| {
+            value
+                .clone()
+                .filter(|v| !v.trim().is_empty())
+                .ok_or_else(|| anyhow::anyhow!("{name}: needed with TOCSIN_OIDC_ISSUER"))
+        };
+        Ok(Some(crate::oidc::OidcSettings {
+            issuer,
+            client_id: need(&self.oidc_client_id, "TOCSIN_OIDC_CLIENT_ID")?,
+            client_secret: self
+                .oidc_client_secret
+                .as_ref()
+                .map(|s| s.expose().to_owned())
+                .filter(|s| !s.is_empty()),
+            redirect_url: self
+                .oidc_redirect_url
+                .clone()
+                .filter(|u| !u.trim().is_empty()),
+            role_claim: self.oidc_role_claim.clone(),
+            roles: crate::oidc::OidcSettings::parse_roles(&need(
+                &self.oidc_roles,
+                "TOCSIN_OIDC_ROLES",
+            )?)?,
+        }))
     }
 }
 
@@ -188,6 +327,10 @@ pub enum Command {
     Serve(Config),
     /// Issue, list and revoke inbound access tokens (needs only DATABASE_URL).
     Token(TokenArgs),
+    /// Issue, list and revoke admin keys (needs only DATABASE_URL).
+    Key(KeyArgs),
+    /// Read the audit log, newest first (needs only DATABASE_URL).
+    Audit(AuditArgs),
     /// Apply pending database migrations and exit (for a migration job before a rollout).
     Migrate(MigrateArgs),
     /// The delivery log from the command line: list failed deliveries, retry one, recover many.
@@ -227,6 +370,70 @@ pub enum ParkedAction {
         #[arg(long, default_value_t = 1000)]
         limit: usize,
     },
+}
+
+/// `tocsin-admin key ...`.
+#[derive(Debug, clap::Args)]
+pub struct KeyArgs {
+    #[command(flatten)]
+    pub common: CommonConfig,
+
+    #[command(subcommand)]
+    pub action: KeyAction,
+}
+
+/// What to do with admin keys.
+#[derive(Debug, clap::Subcommand)]
+pub enum KeyAction {
+    /// Issue a key and print it on stdout (shown this once).
+    Create {
+        /// A name telling the key apart (1 to 100 characters), e.g. its holder.
+        #[arg(long)]
+        name: String,
+        /// `viewer`, `operator` or `admin`.
+        #[arg(long)]
+        role: String,
+        /// RFC 3339 time after which the key is refused (default: never).
+        #[arg(long)]
+        expires_at: Option<String>,
+    },
+    /// List keys, newest first (never the keys themselves).
+    List,
+    /// Revoke a key: its next request is refused, on every admin instance.
+    Revoke {
+        /// The key's id, as `key list` shows it.
+        id: Uuid,
+    },
+}
+
+/// `tocsin-admin audit`: the audit log, newest first, as tab-separated lines.
+#[derive(Debug, clap::Args)]
+pub struct AuditArgs {
+    #[command(flatten)]
+    pub common: CommonConfig,
+
+    /// Only this actor's entries: an admin key's id, `bootstrap` or `cli`.
+    #[arg(long)]
+    pub actor: Option<String>,
+    /// Only entries about this kind of resource (`webhook`, `delivery`, `incident`, `token`,
+    /// `admin_key`).
+    #[arg(long)]
+    pub resource_type: Option<String>,
+    /// Only entries about this resource id.
+    #[arg(long)]
+    pub resource_id: Option<String>,
+    /// Only this action (e.g. `webhook.update`).
+    #[arg(long)]
+    pub action: Option<String>,
+    /// RFC 3339 time: entries at or after it.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// RFC 3339 time: entries before it.
+    #[arg(long)]
+    pub until: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 50)]
+    pub limit: i64,
 }
 
 /// `tocsin-admin migrate`.
@@ -425,6 +632,8 @@ mod tests {
         assert!(!error.contains("short-secret"));
         assert!(!format!("{:?}", AdminToken::new("short-secret")).contains("short"));
         assert!(AdminToken::new("0123456789abcdef").matches("0123456789abcdef"));
+        let secret: SecretSetting = "client-secret-value".parse().unwrap();
+        assert!(!format!("{secret:?}").contains("client-secret-value"));
         assert!(!AdminToken::new("0123456789abcdef").matches("0123456789abcdeF"));
     }
 }

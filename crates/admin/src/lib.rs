@@ -12,19 +12,26 @@
 //! (`actions.rs`, `store.rs`).
 
 mod actions;
+mod actor;
 mod api;
+mod audit;
 mod auth;
 pub mod cli;
 mod config;
 mod error;
+mod oidc;
 pub mod openapi;
 mod pages;
 mod params;
+pub mod roles;
 mod schema;
 mod startup;
 mod state;
 mod store;
 mod validation;
 
-pub use config::{AdminToken, Cli, Command, Config, TokenAction, TokenArgs};
+pub use config::{
+    AdminToken, AuditArgs, Cli, Command, Config, KeyAction, KeyArgs, SecretSetting, TokenAction,
+    TokenArgs,
+};
 pub use startup::{build, App};

@@ -20,6 +20,8 @@ async fn main() -> ExitCode {
         }
         // No tracing here: stdout carries only the command's output.
         Command::Token(args) => tocsin_admin::cli::run(args).await,
+        Command::Key(args) => tocsin_admin::cli::keys(args).await,
+        Command::Audit(args) => tocsin_admin::cli::audit(args).await,
         Command::Migrate(args) => tocsin_admin::cli::migrate(args).await,
         Command::Deliveries(args) => tocsin_admin::cli::deliveries(args).await,
         Command::Prune(args) => tocsin_admin::cli::prune(args).await,

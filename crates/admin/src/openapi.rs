@@ -12,7 +12,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement
 use utoipa::openapi::{ContentBuilder, Ref, RefOr};
 use utoipa::{Modify, OpenApi};
 
-use crate::api::{deliveries, incidents, tokens, webhooks};
+use crate::api::{admin_keys, audit_log, deliveries, incidents, tokens, webhooks};
 use crate::schema;
 
 /// Name of the admin token's security scheme.
@@ -26,8 +26,11 @@ pub const INGEST_SCHEME: &str = "inbound_token";
     info(
         title = "Tocsin admin API",
         description = "Configure outbound webhooks, read the delivery log, retry deliveries, \
-            move incidents and issue inbound tokens. Every /api/v1 call but this document \
-            needs `Authorization: Bearer $TOCSIN_ADMIN_TOKEN`. Lists are newest first and \
+            move incidents, issue inbound tokens and admin keys, and read the audit log. Every \
+            /api/v1 call but this document needs `Authorization: Bearer <admin key>` (or the \
+            bootstrap token, TOCSIN_ADMIN_TOKEN, unless it is turned off). Each operation needs \
+            a role (`x-required-role`: `viewer`, `operator` or `admin`, each allowing what the \
+            ones before it do); a key beyond its role gets 403. Lists are newest first and \
             paginated with `limit` and the opaque `cursor` handed out as `next_cursor`. \
             Errors share one body: {\"error\": {\"code\", \"message\", \"field\"}}."
     ),
@@ -51,6 +54,10 @@ pub const INGEST_SCHEME: &str = "inbound_token";
         tokens::create,
         tokens::list,
         tokens::revoke,
+        admin_keys::create,
+        admin_keys::list,
+        admin_keys::revoke,
+        audit_log::list,
         openapi_json,
         ingest_alerts,
         healthz,
@@ -69,6 +76,7 @@ pub const INGEST_SCHEME: &str = "inbound_token";
         schema::Ordering,
         schema::AttemptTrigger,
         schema::AttemptError,
+        schema::Role,
         AlertsAccepted,
         TouchedIncident,
     )),
@@ -78,6 +86,8 @@ pub const INGEST_SCHEME: &str = "inbound_token";
         (name = "deliveries", description = "The delivery log and manual retry"),
         (name = "incidents", description = "Incidents and their status"),
         (name = "tokens", description = "Inbound access tokens for the alert endpoint"),
+        (name = "admin keys", description = "The keys people and scripts use with the admin API and pages, each with a role"),
+        (name = "audit log", description = "Who changed what, or revealed which secret, when and from where"),
         (name = "ingest", description = "Served by tocsin-ingest, not by admin"),
         (name = "operations", description = "Health, readiness, metrics and this document"),
     )
@@ -212,7 +222,10 @@ impl Modify for Security {
             SecurityScheme::Http(
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("The admin token, TOCSIN_ADMIN_TOKEN"))
+                    .bearer_format("tak_<prefix>_<secret>")
+                    .description(Some(
+                        "An admin key (POST /api/v1/admin-keys), or the bootstrap token TOCSIN_ADMIN_TOKEN",
+                    ))
                     .build(),
             ),
         );
@@ -233,8 +246,13 @@ impl Modify for Security {
         let responses = [
             (
                 "Unauthorized",
-                "Missing or wrong admin token",
+                "Missing, unknown, revoked or expired admin key (or a wrong bootstrap token)",
                 Some(("WWW-Authenticate", Header::new(string()))),
+            ),
+            (
+                "Forbidden",
+                "The key's role does not allow this operation; the message names the role needed",
+                None,
             ),
             (
                 "TooManyFailures",
@@ -262,26 +280,42 @@ impl Modify for Security {
                 continue;
             }
             let operations = [
-                &mut item.get,
-                &mut item.post,
-                &mut item.put,
-                &mut item.patch,
-                &mut item.delete,
+                ("GET", &mut item.get),
+                ("POST", &mut item.post),
+                ("PUT", &mut item.put),
+                ("PATCH", &mut item.patch),
+                ("DELETE", &mut item.delete),
             ];
-            for operation in operations.into_iter().flatten() {
-                protect(operation);
+            for (method, operation) in operations {
+                if let Some(operation) = operation {
+                    let role = crate::roles::of_operation(method, path)
+                        .expect("every admin operation has a row in roles::API");
+                    protect(operation, role);
+                }
             }
         }
     }
 }
 
-fn protect(operation: &mut Operation) {
+/// The extension naming the role an operation needs.
+pub const ROLE_EXTENSION: &str = "x-required-role";
+
+fn protect(operation: &mut Operation, role: tocsin_domain::Role) {
+    let sentence = format!("Needs the `{role}` role.");
+    operation.description = Some(match operation.description.take() {
+        Some(text) if !text.is_empty() => format!("{text}\n\n{sentence}"),
+        _ => sentence,
+    });
+    let mut extensions = utoipa::openapi::extensions::Extensions::default();
+    extensions.insert(ROLE_EXTENSION.to_owned(), serde_json::json!(role.as_str()));
+    operation.extensions = Some(extensions);
     operation.security = Some(vec![SecurityRequirement::new(
         ADMIN_SCHEME,
         Vec::<String>::new(),
     )]);
     for (status, name) in [
         ("401", "Unauthorized"),
+        ("403", "Forbidden"),
         ("429", "TooManyFailures"),
         ("500", "Internal"),
         ("503", "Unavailable"),
@@ -319,6 +353,8 @@ mod tests {
                 let id = operation["operationId"].as_str().unwrap().to_owned();
                 assert!(ids.insert(id.clone()), "{method} {path}: {id} twice");
                 let protected = operation["security"] == serde_json::json!([{ADMIN_SCHEME: []}]);
+                let role = operation[ROLE_EXTENSION].as_str();
+                assert_eq!(role.is_some(), protected, "{method} {path}: {role:?}");
                 let admin = path.starts_with("/api/v1/")
                     && path != "/api/v1/openapi.json"
                     && path != "/api/v1/webhooks/alerts";

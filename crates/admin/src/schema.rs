@@ -82,6 +82,13 @@ string_enum! {
 }
 
 string_enum! {
+    /// An admin key's role: `viewer` (reads webhooks without their secrets, the delivery log,
+    /// incidents, tokens' names), `operator` (also retries, replays, recovers, sends test events
+    /// and changes incidents' status) or `admin` (everything, secrets and keys included).
+    Role => tocsin_domain::Role::ALL.map(|r| r.as_str())
+}
+
+string_enum! {
     /// Who asked for an attempt: the retry schedule (`automatic`) or an operator (`manual`).
     AttemptTrigger => [Trigger::Automatic, Trigger::Manual].map(Trigger::as_str)
 }

@@ -1,15 +1,19 @@
 //! What the admin API's and the settings pages' handlers share: the connection pool, the relay's
-//! wake-up, and how a JSON body is read.
+//! wake-up, the bootstrap token, the refusal count, and how a JSON body is read.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest};
+use prometheus::IntCounterVec;
 use serde::de::DeserializeOwned;
 use tocsin_storage::relay::RelayWaker;
 use tocsin_storage::{DbConn, DbError, DbPool};
 use tocsin_web::{json, ApiError};
 
+use crate::actor::Surface;
+use crate::config::AdminToken;
 use crate::error::AdminError;
 
 /// What the handlers share.
@@ -20,6 +24,11 @@ pub struct AdminState {
     /// How long a rotated-out secret keeps signing.
     pub secret_grace: Duration,
     pub body_limit: usize,
+    /// The bootstrap token, `TOCSIN_ADMIN_TOKEN`; `None` when it is turned off
+    /// (`TOCSIN_ADMIN_TOKEN_DISABLED`).
+    pub bootstrap: Option<AdminToken>,
+    /// `tocsin_admin_auth_refusals_total`.
+    pub refusals: IntCounterVec,
 }
 
 impl AdminState {
@@ -43,6 +52,13 @@ impl AdminState {
         }
         let body = tocsin_web::body::read_limited(req, payload, self.body_limit).await?;
         Ok(json::parse_bytes(&body)?)
+    }
+
+    /// Counts a failed sign-in or a refused request (401 or 403).
+    pub fn refused(&self, surface: Surface, status: StatusCode) {
+        self.refusals
+            .with_label_values(&[surface.as_str(), status.as_str()])
+            .inc();
     }
 
     /// Tells the relay that outbox rows were committed.

@@ -11,6 +11,7 @@ mod event;
 mod incident;
 mod redact;
 pub mod retry;
+mod role;
 mod secret;
 mod severity;
 pub mod signing;
@@ -23,6 +24,7 @@ pub use event::{rfc3339_utc, EventKind, EventPayload, IncidentData, InvalidEvent
 pub use incident::{IncidentStatus, IncidentTitle, InvalidStatus, InvalidTitle, TransitionError};
 pub use redact::redact_url;
 pub use retry::RetrySchedule;
+pub use role::{InvalidRole, Role};
 pub use secret::{InvalidSecret, WebhookSecret};
 pub use severity::{InvalidSeverity, Severity};
 pub use subscription::{

@@ -1,5 +1,6 @@
-//! Inbound access tokens: `tsn_<lookup>_<secret>`. Only the lookup part and a
-//! SHA-256 hash of the whole token are stored; the token is shown once, at creation.
+//! Access tokens: inbound tokens `tsn_<lookup>_<secret>` and admin keys `tak_<lookup>_<secret>`.
+//! Only the lookup part and a SHA-256 hash of the whole token are stored; the token is shown
+//! once, at creation.
 
 use std::fmt;
 
@@ -14,12 +15,24 @@ use subtle::ConstantTimeEq;
 pub struct AccessToken(String);
 
 impl AccessToken {
+    /// The prefix of inbound tokens.
     pub const PREFIX: &'static str = "tsn_";
+    /// The prefix of admin keys (the same length as [`Self::PREFIX`]).
+    pub const ADMIN_KEY_PREFIX: &'static str = "tak_";
     const LOOKUP_BYTES: usize = 9;
     const SECRET_BYTES: usize = 32;
 
-    /// A new random token.
+    /// A new random inbound token.
     pub fn generate() -> Self {
+        Self::generate_with(Self::PREFIX)
+    }
+
+    /// A new random admin key.
+    pub fn generate_admin_key() -> Self {
+        Self::generate_with(Self::ADMIN_KEY_PREFIX)
+    }
+
+    fn generate_with(prefix: &str) -> Self {
         let rng = SystemRandom::new();
         let mut lookup = [0u8; Self::LOOKUP_BYTES];
         let mut secret = [0u8; Self::SECRET_BYTES];
@@ -27,16 +40,26 @@ impl AccessToken {
         rng.fill(&mut secret).expect("system random source");
         AccessToken(format!(
             "{}{}_{}",
-            Self::PREFIX,
+            prefix,
             URL_SAFE_NO_PAD.encode(lookup),
             URL_SAFE_NO_PAD.encode(secret)
         ))
     }
 
-    /// Wraps a presented token; `None` when it cannot be one of ours (then no lookup is made).
+    /// Wraps a presented inbound token; `None` when it cannot be one of ours (then no lookup
+    /// is made).
     pub fn from_presented(text: &str) -> Option<Self> {
+        Self::from_presented_with(Self::PREFIX, text)
+    }
+
+    /// Wraps a presented admin key; `None` when it cannot be one.
+    pub fn admin_key_from_presented(text: &str) -> Option<Self> {
+        Self::from_presented_with(Self::ADMIN_KEY_PREFIX, text)
+    }
+
+    fn from_presented_with(prefix: &str, text: &str) -> Option<Self> {
         // Both parts are base64url, which may itself contain '_': split by position.
-        let rest = text.strip_prefix(Self::PREFIX)?;
+        let rest = text.strip_prefix(prefix)?;
         let ok = rest.len() == 12 + 1 + 43
             && rest.as_bytes()[12] == b'_'
             && rest
@@ -70,7 +93,11 @@ impl AccessToken {
 
 impl fmt::Debug for AccessToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "AccessToken(tsn_{}_…redacted)", self.lookup())
+        write!(
+            f,
+            "AccessToken({}…redacted)",
+            &self.0[..Self::PREFIX.len() + 12]
+        )
     }
 }
 
@@ -125,6 +152,18 @@ mod tests {
         assert!(presented.matches(&token.hash()));
         assert!(!AccessToken::generate().matches(&token.hash()));
         assert!(!format!("{token:?}").contains(&token.expose()[17..]));
+    }
+
+    #[test]
+    fn admin_keys_and_inbound_tokens_are_never_taken_for_each_other() {
+        let key = AccessToken::generate_admin_key();
+        assert!(key.expose().starts_with("tak_"));
+        let presented = AccessToken::admin_key_from_presented(key.expose()).expect("a key");
+        assert!(presented.matches(&key.hash()));
+        assert!(AccessToken::from_presented(key.expose()).is_none());
+        let token = AccessToken::generate();
+        assert!(AccessToken::admin_key_from_presented(token.expose()).is_none());
+        assert!(!format!("{key:?}").contains(&key.expose()[17..]));
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! `tocsin-broker` too: outbox rows hold the broker's messages, and the relay publishes them
 //! through a broker handle (domain ← broker ← storage; the broker knows nothing of PostgreSQL).
 
+pub mod admin_keys;
 pub mod attempts;
+pub mod audit;
 pub mod batch;
 pub mod deliveries;
 pub mod fan_out;

@@ -178,3 +178,35 @@ diesel::allow_tables_to_appear_in_same_query!(
     webhook_rate_budgets,
     replays,
 );
+
+diesel::table! {
+    admin_keys (id) {
+        id -> Uuid,
+        name -> Text,
+        role -> Text,
+        lookup -> Text,
+        key_hash -> Bytea,
+        created_at -> Timestamptz,
+        expires_at -> Nullable<Timestamptz>,
+        last_used_at -> Nullable<Timestamptz>,
+        revoked_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
+    audit_log (id) {
+        id -> Uuid,
+        created_at -> Timestamptz,
+        actor_kind -> Text,
+        actor_id -> Nullable<Uuid>,
+        actor_name -> Text,
+        surface -> Text,
+        address -> Nullable<Text>,
+        user_agent -> Nullable<Text>,
+        action -> Text,
+        resource_type -> Text,
+        resource_id -> Nullable<Text>,
+        before -> Nullable<Jsonb>,
+        after -> Nullable<Jsonb>,
+    }
+}

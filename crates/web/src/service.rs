@@ -67,6 +67,19 @@ impl Service {
         self.port
     }
 
+    /// Runs `task` in the background beside the service's own tasks; it is given the token
+    /// cancelled when the service stops.
+    pub fn spawn_background<F>(
+        &mut self,
+        name: &'static str,
+        task: impl FnOnce(CancellationToken) -> F,
+    ) where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let token = self.background.token();
+        self.background.spawn(name, task(token));
+    }
+
     /// Cancel this token to stop the service as SIGTERM would.
     pub fn stop_token(&self) -> CancellationToken {
         self.stop.clone()

@@ -8,6 +8,7 @@ use tocsin_storage::deliveries::{self as repo, DeliveryFilter, DeliveryState, Wa
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::actor::Actor;
 use crate::error::{AdminError, OrNotFound};
 use crate::params::{page, param, rfc3339};
 use crate::state::AdminState;
@@ -268,8 +269,9 @@ pub async fn get(
 pub async fn retry(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
+    actor: Actor,
 ) -> Result<HttpResponse, AdminError> {
-    let delivery = actions::retry_delivery(&state, *id).await?;
+    let delivery = actions::retry_delivery(&state, &actor, *id).await?;
     Ok(HttpResponse::Accepted().json(RetryAccepted {
         delivery_id: delivery.id,
         status: "enqueued",

@@ -10,6 +10,7 @@ use tocsin_storage::incidents::{self as repo, IncidentFilter};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::actor::Actor;
 use crate::error::{AdminError, OrNotFound};
 use crate::params::{page, param};
 use crate::state::AdminState;
@@ -190,13 +191,14 @@ pub async fn update(
     id: web::Path<Uuid>,
     payload: web::Payload,
     state: web::Data<AdminState>,
+    actor: Actor,
 ) -> Result<HttpResponse, AdminError> {
     let change: StatusChange = state.json(&req, payload).await?;
     let to = change
         .status
         .parse::<IncidentStatus>()
         .map_err(|e| AdminError::invalid("status", e))?;
-    let (incident, events) = actions::change_incident_status(&state, *id, to).await?;
+    let (incident, events) = actions::change_incident_status(&state, &actor, *id, to).await?;
     Ok(HttpResponse::Ok().json(IncidentChanged {
         incident: incident.into(),
         events: events.iter().map(|e| e.kind).collect(),

@@ -1,19 +1,25 @@
 //! The admin API's handlers, grouped by resource, and the route table.
 
+pub mod admin_keys;
+pub mod audit_log;
 pub mod deliveries;
 pub mod incidents;
 pub mod tokens;
 mod webhook_views;
 pub mod webhooks;
 
+use actix_web::middleware::from_fn;
 use actix_web::web;
 
-/// Mounts every `/api/v1` route (the caller adds the prefix and the admin token check).
+/// Mounts every `/api/v1` route (the caller adds the prefix and the authentication); each
+/// resource checks the role its operations need (`crate::roles::API`).
 pub fn configure(cfg: &mut web::ServiceConfig) {
     let resource = |path: &str, allow: &'static str| {
-        web::resource(path).default_service(web::to(move || async move {
-            tocsin_web::error::method_not_allowed(allow)
-        }))
+        web::resource(path)
+            .wrap(from_fn(crate::auth::authorize))
+            .default_service(web::to(move || async move {
+                tocsin_web::error::method_not_allowed(allow)
+            }))
     };
     cfg.service(
         resource("/webhooks", "GET, POST")
@@ -53,5 +59,12 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route(web::get().to(tokens::list))
             .route(web::post().to(tokens::create)),
     )
-    .service(resource("/tokens/{id}", "DELETE").route(web::delete().to(tokens::revoke)));
+    .service(resource("/tokens/{id}", "DELETE").route(web::delete().to(tokens::revoke)))
+    .service(
+        resource("/admin-keys", "GET, POST")
+            .route(web::get().to(admin_keys::list))
+            .route(web::post().to(admin_keys::create)),
+    )
+    .service(resource("/admin-keys/{id}", "DELETE").route(web::delete().to(admin_keys::revoke)))
+    .service(resource("/audit-log", "GET").route(web::get().to(audit_log::list)));
 }

@@ -11,10 +11,12 @@ use tocsin_storage::tokens::{self as repo, NewToken as RepoToken};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::actor::Actor;
 use crate::error::{AdminError, OrNotFound};
 use crate::params::PageQuery;
 use crate::schema;
 use crate::state::AdminState;
+use crate::store;
 
 /// An inbound token's record. The token itself is never stored and never shown again.
 #[derive(Debug, Serialize, ToSchema)]
@@ -223,11 +225,12 @@ pub async fn create(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AdminState>,
+    actor: Actor,
 ) -> Result<HttpResponse, AdminError> {
     let new: NewToken = state.json(&req, payload).await?;
     let checked = CheckedToken::check(new)?;
     let mut conn = state.conn().await?;
-    let (record, token) = repo::issue(&mut conn, &checked.as_new()).await?;
+    let (record, token) = store::issue_token(&mut conn, &actor, &checked.as_new()).await?;
     tracing::info!(token = %record.id, source = record.source.as_deref(), "inbound token issued");
     Ok(HttpResponse::Created().json(TokenCreated {
         token: token.expose().to_owned(),
@@ -277,9 +280,12 @@ pub async fn list(
 pub async fn revoke(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
+    actor: Actor,
 ) -> Result<HttpResponse, AdminError> {
     let mut conn = state.conn().await?;
-    repo::revoke(&mut conn, *id).await.or_not_found("token")?;
+    store::revoke_token(&mut conn, &actor, *id)
+        .await
+        .or_not_found("token")?;
     tracing::info!(token = %*id, "inbound token revoked");
     Ok(HttpResponse::NoContent().finish())
 }

@@ -10,6 +10,7 @@ use super::webhook_views::{
     TestEventAccepted, Webhook, WebhookChange, WebhookList, WebhookWithSecret,
 };
 use crate::actions;
+use crate::actor::Actor;
 use crate::error::{AdminError, OrNotFound};
 use crate::params::{rfc3339, PageQuery};
 use crate::schema;
@@ -33,10 +34,11 @@ pub async fn create(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AdminState>,
+    actor: Actor,
 ) -> Result<HttpResponse, AdminError> {
     let new: NewWebhook = state.json(&req, payload).await?;
     let record = new.validate()?;
-    let webhook = actions::create_webhook(&state, &record).await?;
+    let webhook = actions::create_webhook(&state, &actor, &record).await?;
     Ok(HttpResponse::Created().json(WebhookWithSecret::created(&webhook)))
 }
 
@@ -111,6 +113,7 @@ pub async fn update(
     id: web::Path<Uuid>,
     payload: web::Payload,
     state: web::Data<AdminState>,
+    actor: Actor,
 ) -> Result<HttpResponse, AdminError> {
     let change: WebhookChange = state.json(&req, payload).await?;
     let current = match change.headers {
@@ -128,7 +131,7 @@ pub async fn update(
     };
     let patch = change.validate(current.as_ref())?;
     let health = health_before_change(&state, *id).await?;
-    let webhook = actions::update_webhook(&state, *id, &patch).await?;
+    let webhook = actions::update_webhook(&state, &actor, *id, &patch).await?;
     Ok(HttpResponse::Ok().json(Webhook::new(&webhook, health)))
 }
 
@@ -149,8 +152,9 @@ pub async fn update(
 pub async fn delete(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
+    actor: Actor,
 ) -> Result<HttpResponse, AdminError> {
-    actions::delete_webhook(&state, *id).await?;
+    actions::delete_webhook(&state, &actor, *id).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -170,11 +174,9 @@ pub async fn delete(
 pub async fn reveal_secret(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
+    actor: Actor,
 ) -> Result<HttpResponse, AdminError> {
-    let mut conn = state.conn().await?;
-    let webhook = repo::get(&mut conn, *id).await.or_not_found("webhook")?;
-    tracing::info!(webhook = %webhook.id, "webhook secret revealed");
-    drop(conn);
+    let webhook = actions::reveal_secret(&state, &actor, *id).await?;
     Ok(HttpResponse::Ok().json(WebhookWithSecret::load(&state, &webhook).await?))
 }
 
@@ -195,9 +197,10 @@ pub async fn reveal_secret(
 pub async fn rotate_secret(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
+    actor: Actor,
 ) -> Result<HttpResponse, AdminError> {
     let health = health_before_change(&state, *id).await?;
-    let webhook = actions::rotate_secret(&state, *id).await?;
+    let webhook = actions::rotate_secret(&state, &actor, *id).await?;
     Ok(HttpResponse::Ok().json(WebhookWithSecret::new(&webhook, health)))
 }
 
@@ -219,8 +222,9 @@ pub async fn rotate_secret(
 pub async fn send_test_event(
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
+    actor: Actor,
 ) -> Result<HttpResponse, AdminError> {
-    let event = actions::send_test_event(&state, *id).await?;
+    let event = actions::send_test_event(&state, &actor, *id).await?;
     Ok(HttpResponse::Accepted().json(TestEventAccepted {
         event_id: event.id,
         event: event.kind,
@@ -253,6 +257,7 @@ pub async fn replay(
     id: web::Path<Uuid>,
     payload: web::Payload,
     state: web::Data<AdminState>,
+    actor: Actor,
 ) -> Result<HttpResponse, AdminError> {
     let body: ReplayRequest = state.json(&req, payload).await?;
     let request = actions::replay_request(
@@ -261,7 +266,7 @@ pub async fn replay(
         body.until.as_deref(),
         body.events.as_deref(),
     )?;
-    let replay = actions::replay(&state, &request).await?;
+    let replay = actions::replay(&state, &actor, &request).await?;
     Ok(HttpResponse::Accepted().json(Replay::from(replay)))
 }
 
@@ -289,10 +294,11 @@ pub async fn recover(
     id: web::Path<Uuid>,
     payload: web::Payload,
     state: web::Data<AdminState>,
+    actor: Actor,
 ) -> Result<HttpResponse, AdminError> {
     let body: Recover = state.json(&req, payload).await?;
     let since = rfc3339(&body.since).map_err(|e| AdminError::invalid("since", e))?;
-    let (retried, sent_waiting) = actions::recover(&state, *id, since).await?;
+    let (retried, sent_waiting) = actions::recover(&state, &actor, *id, since).await?;
     Ok(HttpResponse::Accepted().json(Recovered {
         retried,
         sent_waiting,

@@ -302,7 +302,7 @@ fn headers(logged: &serde_json::Value) -> Vec<(String, String)> {
 /// the API's error body) to a script asking for it, else redirects back to the delivery.
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn retry(
-    _: SignedForm,
+    signed: SignedForm,
     req: HttpRequest,
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
@@ -312,7 +312,7 @@ pub async fn retry(
         .get(ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|accept| accept.contains("application/json"));
-    match actions::retry_delivery(&state, *id).await {
+    match actions::retry_delivery(&state, &signed.session.actor, *id).await {
         Ok(delivery) if wants_json => Ok(HttpResponse::Accepted().json(RetryAccepted {
             delivery_id: delivery.id,
             status: "enqueued",

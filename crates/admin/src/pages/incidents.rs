@@ -95,7 +95,7 @@ pub async fn change_status(
         .unwrap_or_default()
         .parse::<IncidentStatus>()
         .map_err(|e| AdminError::invalid("status", e))?;
-    actions::change_incident_status(&state, *id, to).await?;
+    actions::change_incident_status(&state, &signed.session.actor, *id, to).await?;
     let key = match to {
         IncidentStatus::Acknowledged => "acknowledged",
         IncidentStatus::Resolved => "resolved",

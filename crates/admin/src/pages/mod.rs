@@ -1,12 +1,14 @@
 //! The settings pages: Settings → Webhooks (list, create, edit, enable,
 //! disable, rotate the secret, send a test event, delete), the delivery log with its attempts
-//! and the Retry button, inbound tokens (issue with a source and credentials, revoke), and
-//! incidents — server-rendered HTML under `/settings/`, signed in
-//! with the admin token. They call the same validation (`crate::validation`) and operations
+//! and the Retry button, inbound tokens (issue with a source and credentials, revoke),
+//! incidents, admin keys and the audit log — server-rendered HTML under `/settings/`, signed in
+//! with an admin key (or the bootstrap token), showing only what the key's role allows. They call the same validation (`crate::validation`) and operations
 //! (`crate::actions`) as the JSON API. Every page works without JavaScript; the small script
 //! only enhances (copy button, Retry without a reload, validation hints, delete confirmation).
 
+mod admin_keys;
 mod assets;
+mod audit_log;
 mod deliveries;
 mod incidents;
 pub mod session;
@@ -33,8 +35,9 @@ use templates::{ErrorPage, Layout};
 /// What the page handlers share besides `AdminState`.
 pub struct PagesState {
     pub keys: SessionKeys,
+    /// The OpenID Connect provider the pages also sign in with, when configured.
+    pub oidc: Option<crate::oidc::Oidc>,
     pub limiter: web::Data<FailedAuthLimiter>,
-    pub token: AdminToken,
     /// The retry schedule, to show what a webhook's max attempts imply.
     pub schedule: RetrySchedule,
     pub body_limit: usize,
@@ -47,11 +50,12 @@ impl PagesState {
         schedule: RetrySchedule,
         body_limit: usize,
         limiter: web::Data<FailedAuthLimiter>,
+        oidc: Option<crate::oidc::Oidc>,
     ) -> Self {
         PagesState {
             keys: SessionKeys::new(token, secure_cookies),
+            oidc,
             limiter,
-            token: token.clone(),
             schedule,
             body_limit,
         }
@@ -103,6 +107,16 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                     .default_service(web::to(method_not_allowed)),
             )
             .service(post("/sign-out").route(web::post().to(session::sign_out)))
+            .service(
+                web::resource("/sign-in/oidc")
+                    .route(web::get().to(session::oidc_start))
+                    .default_service(web::to(method_not_allowed)),
+            )
+            .service(
+                web::resource("/sign-in/oidc/callback")
+                    .route(web::get().to(session::oidc_callback))
+                    .default_service(web::to(method_not_allowed)),
+            )
             .service(
                 web::resource("/webhooks")
                     .route(web::get().to(to_settings))
@@ -160,6 +174,18 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                     .default_service(web::to(method_not_allowed)),
             )
             .service(post("/tokens/{id}/revoke").route(web::post().to(tokens::revoke)))
+            .service(
+                web::resource("/admin-keys")
+                    .route(web::get().to(admin_keys::list))
+                    .route(web::post().to(admin_keys::create))
+                    .default_service(web::to(method_not_allowed)),
+            )
+            .service(post("/admin-keys/{id}/revoke").route(web::post().to(admin_keys::revoke)))
+            .service(
+                web::resource("/audit-log")
+                    .route(web::get().to(audit_log::list))
+                    .default_service(web::to(method_not_allowed)),
+            )
             .default_service(web::to(not_found)),
     );
 }
@@ -208,6 +234,12 @@ pub enum PageError {
     /// 403: a cross-site or tokenless form post.
     #[error("{0}")]
     Forbidden(&'static str),
+    /// 401: the identity provider's answer could not be used.
+    #[error("the sign-in through the identity provider failed")]
+    OidcFailed,
+    /// 403: beyond the signed-in key's role.
+    #[error("this needs the {needed} role")]
+    Role { needed: tocsin_domain::Role },
     /// 429: too many failed sign-ins from this address.
     #[error("too many failed sign-ins")]
     RateLimited { retry_after: u64 },
@@ -239,6 +271,17 @@ impl PageError {
         match self {
             PageError::SignIn => ("Sign in", "Sign in to see this page.".into()),
             PageError::Forbidden(message) => ("Refused", (*message).into()),
+            PageError::OidcFailed => (
+                "Sign-in failed",
+                "The sign-in through the identity provider could not be completed. Try again."
+                    .into(),
+            ),
+            PageError::Role { needed } => (
+                "Not allowed",
+                format!(
+                    "This needs the {needed} role, which the key you signed in with does not have."
+                ),
+            ),
             PageError::RateLimited { retry_after } => (
                 "Too many attempts",
                 format!(
@@ -288,7 +331,8 @@ impl ResponseError for PageError {
     fn status_code(&self) -> StatusCode {
         match self {
             PageError::SignIn => StatusCode::SEE_OTHER,
-            PageError::Forbidden(_) => StatusCode::FORBIDDEN,
+            PageError::Forbidden(_) | PageError::Role { .. } => StatusCode::FORBIDDEN,
+            PageError::OidcFailed => StatusCode::UNAUTHORIZED,
             PageError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             PageError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             PageError::Admin(error) => error.status_code(),
@@ -391,6 +435,7 @@ pub fn notice(key: Option<&str>, count: Option<&str>) -> Option<String> {
         "resolved" => "Incident resolved.".to_owned(),
         "status" => "Incident status changed.".to_owned(),
         "revoked" => "Token revoked: the next alert sent with it is refused.".to_owned(),
+        "key-revoked" => "Admin key revoked: its next request is refused and its sessions ended.".to_owned(),
         _ => return None,
     };
     Some(text)
@@ -405,6 +450,14 @@ pub fn query_string<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> 
         }
     }
     serializer.finish()
+}
+
+/// The link to the next (older) page of a list at `path`, when there is one.
+pub fn older_page(path: &str, next: Option<tocsin_storage::Cursor>) -> Option<String> {
+    next.map(|cursor| {
+        let cursor = cursor.encode();
+        format!("{path}?{}", query_string([("cursor", cursor.as_str())]))
+    })
 }
 
 /// A webhook's page.

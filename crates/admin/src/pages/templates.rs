@@ -3,6 +3,7 @@
 //! template marks anything `safe`.
 
 use std::time::Duration;
+use tocsin_domain::Role;
 
 use askama::Template;
 use time::format_description::well_known::Rfc3339;
@@ -19,14 +20,17 @@ pub struct Layout {
     pub nav: &'static str,
     pub csrf: String,
     pub asset_version: &'static str,
+    /// The signed-in key's role: pages show only the forms it allows.
+    pub role: Role,
 }
 
 impl Layout {
-    pub fn signed_in(nav: &'static str, csrf: &str) -> Self {
+    pub fn signed_in(nav: &'static str, csrf: &str, role: Role) -> Self {
         Layout {
             nav,
             csrf: csrf.to_owned(),
             asset_version: assets::version(),
+            role,
         }
     }
 
@@ -35,7 +39,18 @@ impl Layout {
             nav: "",
             csrf: String::new(),
             asset_version: assets::version(),
+            role: Role::Viewer,
         }
+    }
+
+    /// The role may retry, replay, recover, send test events and change incidents.
+    pub fn operates(&self) -> bool {
+        self.role.allows(Role::Operator)
+    }
+
+    /// The role may change webhooks, secrets, tokens and keys.
+    pub fn administers(&self) -> bool {
+        self.role.allows(Role::Admin)
     }
 
     pub fn is_signed_in(&self) -> bool {
@@ -143,6 +158,18 @@ pub struct SelectOption {
 pub struct SignInPage {
     pub layout: Layout,
     pub error: Option<&'static str>,
+    /// Offer signing in through the OpenID Connect provider.
+    pub oidc: bool,
+}
+
+/// After a sign-in through the identity provider: a page that moves on to the settings itself
+/// (a same-site navigation, so that the `SameSite=Strict` session cookie goes with it, which a
+/// redirect at the end of the provider's cross-site chain would not carry).
+#[derive(Template)]
+#[template(path = "signed_in.html")]
+pub struct SignedInPage {
+    pub layout: Layout,
+    pub name: String,
 }
 
 /// A webhook's newest delivery, in the list.

@@ -12,11 +12,12 @@ use uuid::Uuid;
 
 use super::session::{Session, SignedForm};
 use super::templates::{Layout, SelectOption, When};
-use super::{given, notice, query_string, redirect, render, PageError};
+use super::{given, notice, older_page, redirect, render, PageError};
 use crate::api::tokens::{CheckedToken, NewToken};
 use crate::error::{AdminError, OrNotFound};
 use crate::params::page;
 use crate::state::AdminState;
+use crate::store;
 
 /// One token in the list.
 pub struct TokenRow {
@@ -135,7 +136,8 @@ pub async fn create(
         Err(other) => return Err(other.into()),
     };
     let mut conn = state.conn().await?;
-    let (record, token) = repo::issue(&mut conn, &checked.as_new()).await?;
+    let (record, token) =
+        store::issue_token(&mut conn, &signed.session.actor, &checked.as_new()).await?;
     tracing::info!(token = %record.id, source = record.source.as_deref(), "inbound token issued");
     render(
         StatusCode::OK,
@@ -155,12 +157,14 @@ pub async fn create(
 /// `POST /settings/tokens/{id}/revoke`.
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn revoke(
-    _signed: SignedForm,
+    signed: SignedForm,
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, PageError> {
     let mut conn = state.conn().await?;
-    repo::revoke(&mut conn, *id).await.or_not_found("token")?;
+    store::revoke_token(&mut conn, &signed.session.actor, *id)
+        .await
+        .or_not_found("token")?;
     tracing::info!(token = %*id, "inbound token revoked");
     Ok(redirect("/settings/tokens?notice=revoked"))
 }
@@ -211,13 +215,7 @@ async fn tokens_page(
         layout: session.layout("tokens"),
         notice,
         rows,
-        next_page: next.map(|cursor| {
-            let cursor = cursor.encode();
-            format!(
-                "/settings/tokens?{}",
-                query_string([("cursor", cursor.as_str())])
-            )
-        }),
+        next_page: older_page("/settings/tokens", next),
         values,
         source_options,
         error,

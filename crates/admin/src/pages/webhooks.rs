@@ -25,7 +25,7 @@ use super::templates::{
 };
 use super::webhook_form::{edit_values, form_page, new_values, FormKind, Submitted};
 use super::{
-    given, notice, query_string, redirect, render, webhook_href, Form, PageError, PagesState,
+    given, notice, older_page, redirect, render, webhook_href, Form, PageError, PagesState,
 };
 use crate::actions;
 use crate::error::{AdminError, OrNotFound};
@@ -81,12 +81,7 @@ pub async fn list(
             layout: session.layout("webhooks"),
             notice: notice(query.notice.as_deref(), None),
             rows,
-            next_page: next.map(|c| {
-                format!(
-                    "/settings/?{}",
-                    query_string([("cursor", c.encode().as_str())])
-                )
-            }),
+            next_page: older_page("/settings/", next),
         },
     )
 }
@@ -126,7 +121,7 @@ pub async fn create(
             return render(StatusCode::UNPROCESSABLE_ENTITY, &page);
         }
     };
-    let webhook = actions::create_webhook(&state, &record).await?;
+    let webhook = actions::create_webhook(&state, &session.actor, &record).await?;
     render(
         StatusCode::OK,
         &secret_page(
@@ -300,7 +295,7 @@ pub async fn update(
             return render(StatusCode::UNPROCESSABLE_ENTITY, &page);
         }
     };
-    let webhook = actions::update_webhook(&state, *id, &patch).await?;
+    let webhook = actions::update_webhook(&state, &session.actor, *id, &patch).await?;
     Ok(redirect(&format!(
         "{}?notice=updated",
         webhook_href(webhook.id)
@@ -319,7 +314,7 @@ pub enum Switch {
 /// `POST /settings/webhooks/{id}/enable` and `.../disable`.
 #[tracing::instrument(skip_all, fields(id = %path.0, switch = ?path.1))]
 pub async fn set_enabled(
-    _: SignedForm,
+    signed: SignedForm,
     path: web::Path<(Uuid, Switch)>,
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, PageError> {
@@ -330,7 +325,7 @@ pub async fn set_enabled(
         ..WebhookInput::default()
     })
     .map_err(AdminError::from)?;
-    actions::update_webhook(&state, id, &patch).await?;
+    actions::update_webhook(&state, &signed.session.actor, id, &patch).await?;
     let notice = if enabled { "enabled" } else { "disabled" };
     Ok(redirect(&format!("{}?notice={notice}", webhook_href(id))))
 }
@@ -343,7 +338,7 @@ pub async fn rotate_secret(
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, PageError> {
     let session = signed.session;
-    let webhook = actions::rotate_secret(&state, *id).await?;
+    let webhook = actions::rotate_secret(&state, &session.actor, *id).await?;
     render(
         StatusCode::OK,
         &secret_page(
@@ -360,11 +355,11 @@ pub async fn rotate_secret(
 /// `POST /settings/webhooks/{id}/test`: sends a sample `incidents.opened` event to it.
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn send_test_event(
-    _: SignedForm,
+    signed: SignedForm,
     id: web::Path<Uuid>,
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, PageError> {
-    actions::send_test_event(&state, *id).await?;
+    actions::send_test_event(&state, &signed.session.actor, *id).await?;
     Ok(redirect(&format!("{}?notice=test", webhook_href(*id))))
 }
 
@@ -377,7 +372,8 @@ pub async fn recover(
     state: web::Data<AdminState>,
 ) -> Result<HttpResponse, PageError> {
     let since = since_of(&signed.form)?;
-    let (retried, sent_waiting) = actions::recover(&state, *id, since).await?;
+    let (retried, sent_waiting) =
+        actions::recover(&state, &signed.session.actor, *id, since).await?;
     Ok(redirect(&format!(
         "{}?notice=recovered&count={}",
         webhook_href(*id),
@@ -399,7 +395,7 @@ pub async fn replay(
         until: None,
         kinds: None,
     };
-    actions::replay(&state, &request).await?;
+    actions::replay(&state, &signed.session.actor, &request).await?;
     Ok(redirect(&format!("{}?notice=replaying", webhook_href(*id))))
 }
 
@@ -446,7 +442,7 @@ pub async fn delete(
             },
         );
     }
-    actions::delete_webhook(&state, *id).await?;
+    actions::delete_webhook(&state, &session.actor, *id).await?;
     Ok(redirect("/settings/?notice=deleted"))
 }
 

@@ -46,10 +46,22 @@ impl TestAdmin {
         path: &str,
         body: Option<&Value>,
     ) -> (StatusCode, Value) {
+        self.send_with(ADMIN_TOKEN, method, path, body).await
+    }
+
+    /// [`Self::send`] with another credential (an admin key), as the client `tocsin-admin-tests`.
+    pub(crate) async fn send_with(
+        &self,
+        credential: &str,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> (StatusCode, Value) {
         let mut request = self
             .client
             .request(method, self.url(path))
-            .bearer_auth(ADMIN_TOKEN);
+            .bearer_auth(credential)
+            .header("user-agent", "tocsin-admin-tests");
         if let Some(body) = body {
             request = request.json(body);
         }

@@ -151,7 +151,7 @@ async fn waiting(broker: &tocsin_broker::Broker) -> u32 {
 }
 
 /// Runs the CLI with `env`; (success, stdout, stderr).
-fn cli(env: &[(&str, &str)], args: &[&str]) -> (bool, String, String) {
+pub(crate) fn cli(env: &[(&str, &str)], args: &[&str]) -> (bool, String, String) {
     let output = binary(env).args(args).output().unwrap();
     (
         output.status.success(),

@@ -56,6 +56,40 @@ impl RunningAdmin {
         AsyncPgConnection::establish(&self.db.url).await.unwrap()
     }
 
+    /// Signs in to the settings pages with `credential` (an admin key or the admin token):
+    /// the session cookie (`name=value`) and the CSRF token its forms carry.
+    pub async fn sign_in(&self, credential: &str) -> (String, String) {
+        let response = self
+            .client
+            .post(self.url("/settings/sign-in"))
+            .form(&[("token", credential)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 303, "signing in");
+        let cookie = response
+            .headers()
+            .get("set-cookie")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .expect("a session cookie")
+            .to_owned();
+        let page = self
+            .client
+            .get(self.url("/settings/"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let marker = "name=\"csrf\" value=\"";
+        let start = page.find(marker).expect("a csrf field") + marker.len();
+        let end = page[start..].find('"').unwrap() + start;
+        (cookie, page[start..end].to_owned())
+    }
+
     /// Stops it and waits until it has stopped.
     pub async fn stop(self) {
         self.stop.cancel();

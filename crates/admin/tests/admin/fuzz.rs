@@ -344,38 +344,8 @@ struct Browser {
 }
 
 async fn sign_in(admin: &TestAdmin) -> Browser {
-    let response = admin
-        .client
-        .post(format!("{}/settings/sign-in", admin.base))
-        .form(&[("token", TOKEN)])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 303);
-    let cookie = response
-        .headers()
-        .get("set-cookie")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .expect("a session cookie")
-        .to_owned();
-    let page = admin
-        .client
-        .get(format!("{}/settings/webhooks/new", admin.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let marker = "name=\"csrf\" value=\"";
-    let start = page.find(marker).expect("a csrf field") + marker.len();
-    let end = page[start..].find('"').unwrap() + start;
-    Browser {
-        cookie,
-        csrf: page[start..end].to_owned(),
-    }
+    let (cookie, csrf) = admin.0.sign_in(TOKEN).await;
+    Browser { cookie, csrf }
 }
 
 /// How the CSRF field of a generated form is filled.

@@ -12,6 +12,7 @@ mod incidents;
 mod openapi;
 mod outages;
 mod pages;
+mod people;
 mod recovery;
 mod tokens;
 mod webhook_validation;

@@ -259,7 +259,9 @@ async fn signing_in_takes_the_admin_token_and_sets_a_strict_http_only_cookie() {
         refused.set_cookie().is_none(),
         "no cookie for a wrong token"
     );
-    assert!(refused.body.contains("That is not the admin token."));
+    assert!(refused
+        .body
+        .contains("That is not a live admin key or the admin token."));
     assert!(refused.body.contains("aria-invalid=\"true\""));
 
     let accepted = admin

@@ -121,20 +121,42 @@ async function openWebhook(name = WEBHOOK) {
 
 let firstSecret;
 let failedDeliveryUrl;
+let operatorKey;
+
+/** Signs out, then in with an admin key (or the admin token). */
+async function signInWith(credential) {
+  await page.getByRole("button", { name: "Sign out" }).click();
+  await page.getByRole("heading", { level: 1, name: "Sign in to the settings" }).waitFor();
+  await page.getByLabel("Admin key").fill(credential);
+  await page.getByRole("button", { name: "Sign in" }).click();
+  await page.getByRole("heading", { level: 1, name: "Webhooks" }).waitFor();
+}
+
+/** Issues an admin key on Settings → Admin keys; returns it, shown this once. */
+async function issueKey(name, role) {
+  await page.goto("/settings/admin-keys");
+  await page.getByLabel("Name").fill(name);
+  await page.getByLabel("Role").selectOption(role);
+  await page.getByRole("button", { name: "Issue key" }).click();
+  await page.getByRole("heading", { level: 1, name: "Admin key issued" }).waitFor();
+  const key = await page.locator("#secret").inputValue();
+  assert.match(key, /^tak_/);
+  return key;
+}
 
 test("the settings pages, from sign-in to deleting a webhook", async (t) => {
   await step(t, "/ leads to the sign-in page, which refuses a wrong token", async () => {
     await page.goto("/");
     assert.match(page.url(), /\/settings\/sign-in$/);
-    await page.getByLabel("Admin token").fill("not-the-admin-token");
+    await page.getByLabel("Admin key").fill("not-the-admin-token");
     await page.getByRole("button", { name: "Sign in" }).click();
-    assert.equal(await text("[role=alert]"), "That is not the admin token.");
+    assert.equal(await text("[role=alert]"), "That is not a live admin key or the admin token.");
     assert.equal(await page.locator("#token").getAttribute("aria-invalid"), "true");
     assert.equal((await context.cookies()).length, 0);
   });
 
   await step(t, "signing in sets an HttpOnly, SameSite=Strict session cookie", async () => {
-    await page.getByLabel("Admin token").fill(ADMIN_TOKEN);
+    await page.getByLabel("Admin key").fill(ADMIN_TOKEN);
     await page.getByRole("button", { name: "Sign in" }).click();
     await page.getByRole("heading", { level: 1, name: "Webhooks" }).waitFor();
     const [cookie] = await context.cookies();
@@ -276,6 +298,27 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     assert.equal((await page.locator('[data-attempt="5"] [data-response]').textContent()).trim(), "answer 500");
   });
 
+  await step(t, "a viewer sees the failed delivery, but no Retry button and no form", async () => {
+    const viewerKey = await issueKey("Viewer Vic", "viewer");
+    operatorKey = await issueKey("On-call Olga", "operator");
+    await signInWith(viewerKey);
+    const nav = page.getByRole("navigation", { name: "Settings sections" });
+    assert.equal(await nav.getByRole("link", { name: "Admin keys" }).count(), 0);
+    await page.goto(failedDeliveryUrl);
+    assert.equal(await text("[data-delivery-state]"), "Failed");
+    assert.equal(await page.getByRole("button", { name: "Retry" }).count(), 0);
+    assert.equal(await page.locator("main form[method=post]").count(), 0);
+    await openWebhook();
+    assert.equal(await page.locator("main form[method=post]").count(), 0);
+    assert.equal(await page.getByRole("link", { name: "Edit" }).count(), 0);
+  });
+
+  await step(t, "an operator signs in and sees Retry", async () => {
+    await signInWith(operatorKey);
+    await page.goto(failedDeliveryUrl);
+    assert.equal(await page.getByRole("button", { name: "Retry" }).count(), 1);
+  });
+
   await step(t, "Retry makes a manual attempt that appears without a reload", async () => {
     await page.evaluate(() => {
       window.__sameDocument = true;
@@ -286,6 +329,10 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     assert.equal(await text("#retry-status"), "Attempt 6 (manual) failed with HTTP 500.");
     assert.equal(await text("[data-delivery-state]"), "Failed");
     await screenshot("delivery-detail");
+  });
+
+  await step(t, "back as the admin", async () => {
+    await signInWith(ADMIN_TOKEN);
   });
 
   await step(t, "with the target fixed, Retry delivers it", async () => {
@@ -406,6 +453,22 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     assert.equal(await text("[role=status].alert"), "Webhook deleted. Its delivery log stays readable.");
     assert.equal(await page.getByRole("link", { name: WEBHOOK, exact: true }).count(), 0);
     assert.equal(await page.getByRole("link", { name: "Status page" }).count(), 1);
+  });
+
+  await step(t, "the audit log names who made each change, and from where", async () => {
+    await page.goto("/settings/audit-log");
+    const rows = page.locator("#audit-log tbody tr");
+    for (const action of ["webhook.create", "webhook.update", "webhook.rotate_secret", "webhook.delete",
+                          "incident.change_status", "admin_key.create"]) {
+      const row = rows.filter({ hasText: action }).first();
+      assert.match(await row.textContent(), /bootstrap token \(TOCSIN_ADMIN_TOKEN\)\s*pages/, action);
+    }
+    await page.getByLabel("Action").fill("delivery.retry");
+    await page.getByRole("button", { name: "Filter" }).click();
+    const retries = await rows.allTextContents();
+    assert.equal(retries.length, 2, retries.join("\n"));
+    assert.match(retries[1], /On-call Olga\s*pages/);
+    assert.match(retries[0], /bootstrap token/);
   });
 
   await step(t, "signing out ends the session", async () => {

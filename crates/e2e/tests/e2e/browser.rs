@@ -19,12 +19,12 @@ use tocsin_testkit::{Behavior, Receiver};
 const DELAYS: &str = "0s,200ms,200ms,200ms,200ms";
 /// How long the whole browser story may take.
 const DEADLINE: Duration = Duration::from_secs(240);
-const CHROMIUM: &str = "/usr/bin/chromium";
+pub(crate) const CHROMIUM: &str = "/usr/bin/chromium";
 const INSTALL_HINT: &str = "deploy/local/test installs the browser tools (ensure_browser_tools in \
                             deploy/local/lib.sh): Debian's chromium, node and npm, then `npm ci \
                             --prefix crates/e2e/tests/browser`";
 
-fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .canonicalize()
@@ -32,7 +32,7 @@ fn workspace_root() -> PathBuf {
 }
 
 /// Fails, naming what is missing and how to install it.
-fn require_browser_tools(root: &Path) {
+pub(crate) fn require_browser_tools(root: &Path) {
     let node = std::process::Command::new("node")
         .arg("--version")
         .output()

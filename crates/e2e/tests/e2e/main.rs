@@ -7,6 +7,7 @@ mod api;
 mod browser;
 mod invariants;
 mod metrics;
+mod oidc;
 mod scaling;
 mod secrets;
 mod shutdown;

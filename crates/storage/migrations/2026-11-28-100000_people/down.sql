@@ -1,0 +1,2 @@
+DROP TABLE audit_log;
+DROP TABLE admin_keys;
