@@ -500,17 +500,21 @@ pub async fn expire(
     }
     // Each day's three partitions share a name's end (`_20261127`); the `before` ones may end
     // on different days (a reshape resumed on a later day), and go together once all have.
-    let mut days = Vec::new();
+    let mut days: Vec<Vec<String>> = Vec::new();
     let mut befores = Vec::new();
-    for name in partitions_of(conn, "deliveries").await? {
-        let Some(day) = name_day(&name) else { continue };
-        if name.starts_with("deliveries_before_") {
-            continue;
+    let mut suffixes = std::collections::BTreeSet::new();
+    for (table, _) in TABLES {
+        for name in partitions_of(conn, table).await? {
+            let Some(day) = name_day(&name) else { continue };
+            if !name.contains("_before_")
+                && (day + time::Duration::DAY).midnight().assume_utc() <= cutoff
+            {
+                suffixes.insert(name.trim_start_matches(table).to_owned());
+            }
         }
-        if (day + time::Duration::DAY).midnight().assume_utc() <= cutoff {
-            let suffix = name.trim_start_matches("deliveries");
-            days.push(TABLES.iter().map(|(t, _)| format!("{t}{suffix}")).collect());
-        }
+    }
+    for suffix in suffixes {
+        days.push(TABLES.iter().map(|(t, _)| format!("{t}{suffix}")).collect());
     }
     for (table, _) in TABLES {
         let before = partitions_of(conn, table)
@@ -526,7 +530,17 @@ pub async fn expire(
         days.push(befores);
     }
     for names in days {
-        let kept = keep_unfinished(conn, names.clone()).await?;
+        // A drop cut short may have left a day without some of its partitions: the rest goes.
+        let mut present = Vec::new();
+        for name in &names {
+            let exists = format!("SELECT to_regclass('{name}') IS NOT NULL AS flag");
+            present.push(flag(conn, &exists).await?);
+        }
+        let kept = if present.iter().all(|p| *p) {
+            keep_unfinished(conn, names.clone()).await?
+        } else {
+            None
+        };
         if kept.is_none() {
             for ((table, _), name) in TABLES.iter().zip(&names) {
                 drop_partition(conn, table, name).await?;
