@@ -569,26 +569,20 @@ mod tests {
 
     #[test]
     fn attempts_add_up_in_words() {
-        assert_eq!(
-            attempts_text(0, 0, 5),
-            "No attempt yet (at most 5 automatic)"
-        );
-        assert_eq!(
-            attempts_text(1, 1, 3),
-            "1 attempt: 1 automatic of at most 3"
-        );
-        assert_eq!(
-            attempts_text(2, 1, 1),
-            "2 attempts: 1 automatic of at most 1, 1 manual"
-        );
-        assert_eq!(
-            attempts_text(7, 5, 5),
-            "7 attempts: 5 automatic of at most 5, 2 manual"
-        );
-        assert_eq!(
-            attempts_text(3, 3, 1),
-            "3 attempts: 3 automatic (its webhook now allows 1)"
-        );
+        for (attempts, automatic, max_attempts, text) in [
+            (0, 0, 5, "No attempt yet (at most 5 automatic)"),
+            (1, 1, 3, "1 attempt: 1 automatic of at most 3"),
+            (2, 1, 1, "2 attempts: 1 automatic of at most 1, 1 manual"),
+            (7, 5, 5, "7 attempts: 5 automatic of at most 5, 2 manual"),
+            (
+                3,
+                3,
+                1,
+                "3 attempts: 3 automatic (its webhook now allows 1)",
+            ),
+        ] {
+            assert_eq!(attempts_text(attempts, automatic, max_attempts), text);
+        }
     }
 
     #[test]

@@ -159,6 +159,39 @@ async fn a_replay_delivers_each_past_event_once() {
     harness.stop().await;
 }
 
+/// 600 events recorded before their webhook exists, and that webhook with its receiver.
+struct Late {
+    since: OffsetDateTime,
+    events: usize,
+    receiver: Receiver,
+    webhook_id: Uuid,
+}
+
+/// Records `INCIDENTS` incidents' events (three each), then creates a webhook subscribed to
+/// every kind, with a receiver answering 204.
+async fn past_events_and_a_new_webhook(harness: &Harness) -> Late {
+    let since = OffsetDateTime::now_utc() - time::Duration::minutes(1);
+    incidents(harness, "past").await;
+    let receiver = Receiver::start_with(Behavior::Status(204)).await;
+    let webhook = harness
+        .webhook(&receiver.url("/late"), &ALL, 5, 10_000)
+        .await;
+    Late {
+        since,
+        events: 3 * INCIDENTS,
+        receiver,
+        webhook_id: webhook.id,
+    }
+}
+
+/// Waits until replay `id` finished and everything is sent, then asserts that the receiver
+/// got `events` requests in all, each `webhook-id` once.
+async fn settled_once_each(harness: &Harness, late: &Late, id: Uuid, events: usize, phase: &str) {
+    wait_finished(harness, id).await;
+    wait_settled(harness, late.webhook_id, events as i64).await;
+    assert_once_each(harness, &late.receiver, events, phase).await;
+}
+
 /// 600 past events (200 incidents, each opened, changed and resolved, 16 at a time) replayed
 /// to a new webhook reach its receiver once each by `webhook-id`; replaying the window again
 /// sends nothing; replays asked for while 600 more events are being fanned out to the webhook
@@ -166,46 +199,33 @@ async fn a_replay_delivers_each_past_event_once() {
 #[tokio::test]
 async fn a_replay_sends_each_event_once_however_often_it_is_asked_for() {
     let harness = Harness::start(FAST_RETRY_DELAYS).await;
-    let since = OffsetDateTime::now_utc() - time::Duration::minutes(1);
-    incidents(&harness, "past").await;
-    let events = 3 * INCIDENTS;
-    let receiver = Receiver::start_with(Behavior::Status(204)).await;
-    let webhook = harness
-        .webhook(&receiver.url("/late"), &ALL, 5, 10_000)
-        .await;
-    let first = replay(&harness, webhook.id, since).await;
-    wait_finished(&harness, first).await;
-    wait_settled(&harness, webhook.id, events as i64).await;
-    assert_once_each(&harness, &receiver, events, "the first replay").await;
-
-    let second = replay(&harness, webhook.id, since).await;
-    wait_finished(&harness, second).await;
-    wait_settled(&harness, webhook.id, events as i64).await;
-    assert_once_each(&harness, &receiver, events, "the same window again").await;
+    let late = past_events_and_a_new_webhook(&harness).await;
+    let (since, events) = (late.since, late.events);
+    let first = replay(&harness, late.webhook_id, since).await;
+    settled_once_each(&harness, &late, first, events, "the first replay").await;
+    let second = replay(&harness, late.webhook_id, since).await;
+    settled_once_each(&harness, &late, second, events, "the same window again").await;
 
     // Replays, one after another, while the next events are recorded and fanned out: each
     // window ends when it is asked for, so it holds events whose own fan-out is under way.
     let mut asked = 0;
-    {
+    let last = {
         let live = incidents(&harness, "live");
         tokio::pin!(live);
         loop {
-            let id = replay(&harness, webhook.id, since).await;
+            let id = replay(&harness, late.webhook_id, since).await;
             asked += 1;
             tokio::select! {
-                () = &mut live => {
-                    wait_finished(&harness, id).await;
-                    break;
-                }
+                () = &mut live => break id,
                 () = wait_finished(&harness, id) => {}
             }
         }
-    }
+    };
     println!("replays asked for while live events were fanned out: {asked}");
-    wait_settled(&harness, webhook.id, 2 * events as i64).await;
-    assert_once_each(
+    settled_once_each(
         &harness,
-        &receiver,
+        &late,
+        last,
         2 * events,
         "replays during live fan-out",
     )
@@ -220,33 +240,30 @@ async fn a_replay_sends_each_event_once_however_often_it_is_asked_for() {
 #[tokio::test]
 async fn a_replay_racing_the_events_own_fan_out_sends_each_event_once() {
     let mut harness = Harness::without_dispatcher(FAST_RETRY_DELAYS).await;
-    let since = OffsetDateTime::now_utc() - time::Duration::minutes(1);
-    incidents(&harness, "backlog").await;
-    let events = 3 * INCIDENTS;
-    let receiver = Receiver::start_with(Behavior::Status(204)).await;
-    let webhook = harness
-        .webhook(&receiver.url("/late"), &ALL, 5, 10_000)
-        .await;
-    let first = replay(&harness, webhook.id, since).await;
+    let late = past_events_and_a_new_webhook(&harness).await;
+    let (since, events) = (late.since, late.events);
+    let first = replay(&harness, late.webhook_id, since).await;
     harness.add_dispatcher(|_| {}).await;
-    wait_finished(&harness, first).await;
-    wait_settled(&harness, webhook.id, events as i64).await;
+    settled_once_each(
+        &harness,
+        &late,
+        first,
+        events,
+        "a replay racing the fan-out",
+    )
+    .await;
     let replayed = harness
         .db
         .count(&format!(
             "deliveries WHERE webhook_id = '{}' AND replayed",
-            webhook.id
+            late.webhook_id
         ))
         .await;
     println!(
         "deliveries made by the replay: {replayed}, by the fan-out: {}",
         events as i64 - replayed
     );
-    assert_once_each(&harness, &receiver, events, "a replay racing the fan-out").await;
-
-    let second = replay(&harness, webhook.id, since).await;
-    wait_finished(&harness, second).await;
-    wait_settled(&harness, webhook.id, events as i64).await;
-    assert_once_each(&harness, &receiver, events, "the same window again").await;
+    let second = replay(&harness, late.webhook_id, since).await;
+    settled_once_each(&harness, &late, second, events, "the same window again").await;
     harness.stop().await;
 }
