@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use futures::StreamExt;
 use tocsin_domain::{EventKind, WebhookOrdering};
 use tocsin_storage::deliveries::DeliveryState;
-use tocsin_storage::webhooks::{self, WebhookChanges};
 use tocsin_testkit::{Behavior, Received, Receiver, FAST_RETRY_DELAYS};
 
 use crate::common::{Harness, DEADLINE};
@@ -58,20 +57,6 @@ fn out_of_order(requests: &[Received]) -> Vec<String> {
     wrong
 }
 
-async fn set_ordering(harness: &Harness, id: uuid::Uuid, ordering: WebhookOrdering) {
-    let mut conn = harness.conn().await;
-    webhooks::update(
-        &mut conn,
-        id,
-        &WebhookChanges {
-            ordering: Some(ordering),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-}
-
 /// 200 incidents, each opened and resolved back to back by 16 senders, through two
 /// dispatchers, to an ordered webhook whose receiver answers at once, to an ordered one whose
 /// receiver fails each incident's first request once, and to an unordered one: both ordered
@@ -88,11 +73,15 @@ async fn ordered_webhooks_get_each_incidents_events_in_order() {
     let ordered = harness
         .webhook(&healthy.url("/ordered"), &EventKind::ALL, 5, 5_000)
         .await;
-    set_ordering(&harness, ordered.id, WebhookOrdering::Incident).await;
+    harness
+        .set_ordering(ordered.id, WebhookOrdering::Incident)
+        .await;
     let ordered_flaky = harness
         .webhook(&flaky.url("/flaky"), &EventKind::ALL, 5, 5_000)
         .await;
-    set_ordering(&harness, ordered_flaky.id, WebhookOrdering::Incident).await;
+    harness
+        .set_ordering(ordered_flaky.id, WebhookOrdering::Incident)
+        .await;
     harness
         .webhook(&unordered.url("/none"), &EventKind::ALL, 5, 5_000)
         .await;
@@ -145,7 +134,9 @@ async fn a_later_delivery_waits_visibly_for_the_earlier_one_to_finish() {
     let webhook = harness
         .webhook(&receiver.url("/hook"), &EventKind::ALL, 2, 1_000)
         .await;
-    set_ordering(&harness, webhook.id, WebhookOrdering::Incident).await;
+    harness
+        .set_ordering(webhook.id, WebhookOrdering::Incident)
+        .await;
     // The first event's requests hang until their timeout; the rest answer at once.
     receiver.script([Behavior::Hang]);
     harness.open("slow").await;

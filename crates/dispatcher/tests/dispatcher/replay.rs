@@ -1,17 +1,19 @@
 //! Replays (`tocsin_storage::replays`): a webhook given the past events of a window gets each
 //! of them once, marked replayed; replaying the window again, or while the events' own fan-out
-//! is still under way, sends nothing twice, as a real receiver counts requests by `webhook-id`.
+//! is still under way, at the test limits or at the dispatcher's default ones, to a webhook in
+//! incident order or not, sends nothing twice, as a real receiver counts requests by
+//! `webhook-id`, and every request it got is one attempt in the attempt log.
 
 use std::collections::BTreeMap;
 
 use futures::StreamExt;
 use time::OffsetDateTime;
-use tocsin_domain::EventKind;
+use tocsin_domain::{EventKind, WebhookOrdering};
 use tocsin_storage::replays::{self, NewReplay};
 use tocsin_testkit::{Behavior, Received, Receiver, FAST_RETRY_DELAYS};
 use uuid::Uuid;
 
-use crate::common::{Harness, DEADLINE};
+use crate::common::{self, Harness, DEADLINE};
 
 /// Incidents made per round, each opened, changed and resolved (three events).
 const INCIDENTS: usize = 200;
@@ -84,12 +86,25 @@ fn by_webhook_id(requests: &[Received]) -> (usize, usize, BTreeMap<String, usize
     (requests.len(), distinct, counts)
 }
 
-/// Asserts that the receiver got exactly `events` requests, each `webhook-id` once, printing
-/// its counts (and the attempt log of any delivery sent more than once).
-async fn assert_once_each(harness: &Harness, receiver: &Receiver, events: usize, phase: &str) {
+/// Asserts that the receiver got exactly `events` requests, each `webhook-id` once, and that
+/// the attempt log of `webhook_id` holds one attempt per request, printing its counts (and the
+/// attempt log of any delivery sent more than once).
+async fn assert_once_each(
+    harness: &Harness,
+    receiver: &Receiver,
+    webhook_id: Uuid,
+    events: usize,
+    phase: &str,
+) {
     let (requests, distinct, twice) = by_webhook_id(&receiver.requests());
+    let logged = harness
+        .db
+        .count(&format!(
+            "attempts a JOIN deliveries d ON d.id = a.delivery_id WHERE d.webhook_id = '{webhook_id}'"
+        ))
+        .await;
     println!(
-        "{phase}: {requests} requests, {distinct} webhook-ids, sent more than once: {twice:?}"
+        "{phase}: {requests} requests, {distinct} webhook-ids, {logged} attempts logged, sent more than once: {twice:?}"
     );
     for id in twice.keys() {
         let detail = harness.detail(id.parse().unwrap()).await;
@@ -108,6 +123,10 @@ async fn assert_once_each(harness: &Harness, receiver: &Receiver, events: usize,
         "{phase}: webhook-ids sent more than once: {twice:?}"
     );
     assert_eq!(requests, events, "{phase}: one request per event");
+    assert_eq!(
+        logged, events as i64,
+        "{phase}: one attempt logged per request"
+    );
 }
 
 /// A replay since a time before the webhook existed delivers each matching event once, marked
@@ -189,7 +208,7 @@ async fn past_events_and_a_new_webhook(harness: &Harness) -> Late {
 async fn settled_once_each(harness: &Harness, late: &Late, id: Uuid, events: usize, phase: &str) {
     wait_finished(harness, id).await;
     wait_settled(harness, late.webhook_id, events as i64).await;
-    assert_once_each(harness, &late.receiver, events, phase).await;
+    assert_once_each(harness, &late.receiver, late.webhook_id, events, phase).await;
 }
 
 /// 600 past events (200 incidents, each opened, changed and resolved, 16 at a time) replayed
@@ -263,6 +282,54 @@ async fn a_replay_racing_the_events_own_fan_out_sends_each_event_once() {
         "deliveries made by the replay: {replayed}, by the fan-out: {}",
         events as i64 - replayed
     );
+    let second = replay(&harness, late.webhook_id, since).await;
+    settled_once_each(&harness, &late, second, events, "the same window again").await;
+    harness.stop().await;
+}
+
+/// The dispatcher's default limits (`TOCSIN_DISPATCHER_CONCURRENCY`,
+/// `TOCSIN_WEBHOOK_CONCURRENCY`): more of a replay's first attempts arrive at once than the
+/// webhook has slots, unlike at the test limits (32 and 32).
+const DEFAULT_CONCURRENCY: u16 = 256;
+const DEFAULT_WEBHOOK_CONCURRENCY: u16 = 64;
+
+/// How long the receiver takes to answer in the test at the default limits: longer than
+/// `slots::SLOT_WAIT` (250 ms), so that the webhook is not answering while its first requests
+/// are under way, and the attempts that find no slot then wait (`webhook_busy`) for the
+/// waiting pass instead of waiting for a slot in turn.
+const SLOW_ANSWER: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// At the dispatcher's default limits, where a replay's first attempts outnumber the webhook's
+/// slots, to a receiver slower than the slot wait (attempts that find no slot wait,
+/// `webhook_busy`, for the waiting pass), and to a webhook that receives each incident's events
+/// in order (each incident's later deliveries wait, `ordering`, and are started as the earlier
+/// ones finish): 600 past events reach the receiver once each, one attempt each in the log;
+/// replaying the window again sends nothing.
+#[tokio::test]
+async fn a_replay_to_an_ordered_webhook_at_the_default_limits_sends_each_event_once() {
+    let mut harness = Harness::without_dispatcher(FAST_RETRY_DELAYS).await;
+    let port = harness
+        .add_dispatcher(|config| {
+            config.concurrency = DEFAULT_CONCURRENCY;
+            config.webhook_concurrency = DEFAULT_WEBHOOK_CONCURRENCY;
+        })
+        .await;
+    let late = past_events_and_a_new_webhook(&harness).await;
+    harness
+        .set_ordering(late.webhook_id, WebhookOrdering::Incident)
+        .await;
+    late.receiver
+        .set_behavior(Behavior::Delay(SLOW_ANSWER, 204));
+    let (since, events) = (late.since, late.events);
+    let first = replay(&harness, late.webhook_id, since).await;
+    settled_once_each(&harness, &late, first, events, "the first replay").await;
+    let waited: Vec<String> = common::metrics(port)
+        .await
+        .lines()
+        .filter(|line| line.starts_with("tocsin_dispatcher_waited_total"))
+        .map(str::to_owned)
+        .collect();
+    println!("waits: {waited:?}");
     let second = replay(&harness, late.webhook_id, since).await;
     settled_once_each(&harness, &late, second, events, "the same window again").await;
     harness.stop().await;
