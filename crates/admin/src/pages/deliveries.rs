@@ -14,8 +14,8 @@ use uuid::Uuid;
 
 use super::session::{Session, SignedForm};
 use super::templates::{
-    state_label, AttemptView, DeliveriesPage, DeliveryLog, DeliveryPage, DeliveryRow,
-    DeliverySummary, SelectOption, When,
+    attempts_text, state_label, AttemptView, DeliveriesPage, DeliveryLog, DeliveryPage,
+    DeliveryRow, DeliverySummary, SelectOption, When,
 };
 use super::webhook_href;
 use super::{given, notice, query_string, redirect, render, PageError};
@@ -251,8 +251,11 @@ pub async fn detail(
         title,
         state: delivery.state.as_str(),
         state_label: state_label(delivery.state),
-        attempt_count: delivery.attempt_count,
-        max_attempts: webhook.retry.max_attempts(),
+        attempts: attempts_text(
+            delivery.attempt_count,
+            delivery.auto_attempts,
+            webhook.retry.max_attempts(),
+        ),
         next_attempt: delivery
             .next_attempt_at
             .filter(|_| delivery.state == DeliveryState::Retrying)

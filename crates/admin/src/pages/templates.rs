@@ -125,6 +125,28 @@ pub fn schedule_text(schedule: &RetrySchedule, max_attempts: u8) -> String {
     steps.into_iter().take(n).collect::<Vec<_>>().join(", ")
 }
 
+/// A delivery's attempts in words that add up: all of them, then the automatic ones against
+/// what its webhook allows, then the manual ones (retries an operator asked for, which the
+/// schedule does not count): `2 attempts: 1 automatic of at most 1, 1 manual`.
+pub fn attempts_text(attempts: i32, automatic: i32, max_attempts: u8) -> String {
+    if attempts == 0 {
+        return format!("No attempt yet (at most {max_attempts} automatic)");
+    }
+    let plural = if attempts == 1 { "" } else { "s" };
+    // A webhook's max_attempts may have been lowered since its automatic attempts were made.
+    let allowed = if automatic <= i32::from(max_attempts) {
+        format!("of at most {max_attempts}")
+    } else {
+        format!("(its webhook now allows {max_attempts})")
+    };
+    let mut text = format!("{attempts} attempt{plural}: {automatic} automatic {allowed}");
+    let manual = attempts - automatic;
+    if manual > 0 {
+        text.push_str(&format!(", {manual} manual"));
+    }
+    text
+}
+
 /// What each event kind means.
 pub fn event_description(kind: EventKind) -> &'static str {
     match kind {
@@ -472,8 +494,8 @@ pub struct DeliverySummary {
     pub title: Option<String>,
     pub state: &'static str,
     pub state_label: &'static str,
-    pub attempt_count: i32,
-    pub max_attempts: u8,
+    /// Its attempts, automatic and manual ([`attempts_text`]).
+    pub attempts: String,
     pub next_attempt: Option<When>,
     /// Why it is waiting, for people.
     pub wait_reason: Option<&'static str>,
@@ -570,6 +592,24 @@ mod tests {
             schedule_text(&schedule, 5),
             "immediately, +1 min, +5 min, +30 min, +2 h"
         );
+    }
+
+    #[test]
+    fn attempts_add_up_in_words() {
+        for (attempts, automatic, max_attempts, text) in [
+            (0, 0, 5, "No attempt yet (at most 5 automatic)"),
+            (1, 1, 3, "1 attempt: 1 automatic of at most 3"),
+            (2, 1, 1, "2 attempts: 1 automatic of at most 1, 1 manual"),
+            (7, 5, 5, "7 attempts: 5 automatic of at most 5, 2 manual"),
+            (
+                3,
+                3,
+                1,
+                "3 attempts: 3 automatic (its webhook now allows 1)",
+            ),
+        ] {
+            assert_eq!(attempts_text(attempts, automatic, max_attempts), text);
+        }
     }
 
     #[test]

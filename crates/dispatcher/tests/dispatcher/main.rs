@@ -7,3 +7,4 @@ mod delivery;
 mod hostile;
 mod ordering;
 mod process;
+mod replay;

@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use futures::StreamExt;
 use tocsin_domain::{EventKind, WebhookOrdering};
 use tocsin_storage::deliveries::DeliveryState;
-use tocsin_storage::webhooks::{self, WebhookChanges};
 use tocsin_testkit::{Behavior, Received, Receiver, FAST_RETRY_DELAYS};
 
 use crate::common::{Harness, DEADLINE};
@@ -58,20 +57,6 @@ fn out_of_order(requests: &[Received]) -> Vec<String> {
     wrong
 }
 
-async fn set_ordering(harness: &Harness, id: uuid::Uuid, ordering: WebhookOrdering) {
-    let mut conn = harness.conn().await;
-    webhooks::update(
-        &mut conn,
-        id,
-        &WebhookChanges {
-            ordering: Some(ordering),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-}
-
 /// 200 incidents, each opened and resolved back to back by 16 senders, through two
 /// dispatchers, to an ordered webhook whose receiver answers at once, to an ordered one whose
 /// receiver fails each incident's first request once, and to an unordered one: both ordered
@@ -88,11 +73,15 @@ async fn ordered_webhooks_get_each_incidents_events_in_order() {
     let ordered = harness
         .webhook(&healthy.url("/ordered"), &EventKind::ALL, 5, 5_000)
         .await;
-    set_ordering(&harness, ordered.id, WebhookOrdering::Incident).await;
+    harness
+        .set_ordering(ordered.id, WebhookOrdering::Incident)
+        .await;
     let ordered_flaky = harness
         .webhook(&flaky.url("/flaky"), &EventKind::ALL, 5, 5_000)
         .await;
-    set_ordering(&harness, ordered_flaky.id, WebhookOrdering::Incident).await;
+    harness
+        .set_ordering(ordered_flaky.id, WebhookOrdering::Incident)
+        .await;
     harness
         .webhook(&unordered.url("/none"), &EventKind::ALL, 5, 5_000)
         .await;
@@ -145,7 +134,9 @@ async fn a_later_delivery_waits_visibly_for_the_earlier_one_to_finish() {
     let webhook = harness
         .webhook(&receiver.url("/hook"), &EventKind::ALL, 2, 1_000)
         .await;
-    set_ordering(&harness, webhook.id, WebhookOrdering::Incident).await;
+    harness
+        .set_ordering(webhook.id, WebhookOrdering::Incident)
+        .await;
     // The first event's requests hang until their timeout; the rest answer at once.
     receiver.script([Behavior::Hang]);
     harness.open("slow").await;
@@ -189,78 +180,5 @@ async fn a_later_delivery_waits_visibly_for_the_earlier_one_to_finish() {
             "incidents.resolved"
         ]
     );
-    harness.stop().await;
-}
-
-/// A replay since a time before the webhook existed delivers each matching event once, marked
-/// replayed; a second replay of the same window delivers nothing new.
-#[tokio::test]
-async fn a_replay_delivers_each_past_event_once() {
-    use tocsin_storage::replays::{self, NewReplay};
-    let harness = Harness::start(FAST_RETRY_DELAYS).await;
-    let since = time::OffsetDateTime::now_utc() - time::Duration::minutes(1);
-    for i in 0..5 {
-        harness.open(&format!("past-{i}")).await;
-    }
-    harness.resolve("past-0").await;
-    let receiver = Receiver::start_with(Behavior::Status(204)).await;
-    let webhook = harness
-        .webhook(
-            &receiver.url("/late"),
-            &[EventKind::IncidentOpened],
-            5,
-            5_000,
-        )
-        .await;
-    let replay = NewReplay {
-        webhook_id: webhook.id,
-        since,
-        until: None,
-        kinds: None,
-    };
-    let first = replays::create(&mut harness.conn().await, &replay)
-        .await
-        .unwrap();
-    let got = receiver.wait_for_requests(5, DEADLINE).await;
-    let mut incidents: Vec<String> = got
-        .iter()
-        .map(|r| r.json()["data"]["title"].as_str().unwrap().to_owned())
-        .collect();
-    incidents.sort();
-    incidents.dedup();
-    assert_eq!(incidents.len(), 5, "each opened event once");
-    let finished = |id| {
-        let harness = &harness;
-        async move {
-            replays::get(&mut harness.conn().await, id)
-                .await
-                .unwrap()
-                .finished_at
-                .is_some()
-        }
-    };
-    tocsin_testkit::wait_until("the replay finished", DEADLINE, || finished(first.id)).await;
-    // The events' own fan-out may still have been running when the webhook was created: what
-    // it made, the replay did not make again; what the replay made is marked.
-    let made = replays::get(&mut harness.conn().await, first.id)
-        .await
-        .unwrap()
-        .created;
-    let mine = harness.deliveries(webhook.id).await;
-    assert_eq!(mine.len(), 5);
-    assert_eq!(mine.iter().filter(|d| d.replayed).count() as i64, made);
-    let second = replays::create(&mut harness.conn().await, &replay)
-        .await
-        .unwrap();
-    tocsin_testkit::wait_until("the second replay finished", DEADLINE, || {
-        finished(second.id)
-    })
-    .await;
-    let second = replays::get(&mut harness.conn().await, second.id)
-        .await
-        .unwrap();
-    assert_eq!(second.created, 0, "nothing new");
-    harness.wait_drained().await;
-    assert_eq!(receiver.count(), 5, "nothing new");
     harness.stop().await;
 }

@@ -4,6 +4,7 @@
 //   INGEST_URL, INBOUND_TOKEN    the ingest service and an inbound token
 //   RECEIVER_OK_URL              a target that answers 200
 //   RECEIVER_FAIL_URL            a target that answers 500
+//   RECEIVER_EMPTY_URL           a target that answers 200 with an empty body
 //   SCREENSHOT_DIR               where the screenshots go
 //   CHROMIUM                     the browser (default /usr/bin/chromium)
 // The steps run in order: each builds on the one before, as an operator's session would.
@@ -25,6 +26,7 @@ const INGEST_URL = env("INGEST_URL");
 const INBOUND_TOKEN = env("INBOUND_TOKEN");
 const RECEIVER_OK_URL = env("RECEIVER_OK_URL");
 const RECEIVER_FAIL_URL = env("RECEIVER_FAIL_URL");
+const RECEIVER_EMPTY_URL = env("RECEIVER_EMPTY_URL");
 const SCREENSHOT_DIR = env("SCREENSHOT_DIR");
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
 
@@ -107,6 +109,16 @@ async function reloadUntil(selector, what, timeoutMs = WAIT_MS) {
     await page.waitForTimeout(250);
     await page.reload();
   }
+}
+
+/** The colours of the settings stylesheet's results, as the browser computes them. */
+const EDGE = { succeeded: "rgb(22, 101, 52)", failed: "rgb(185, 28, 28)" };
+
+/** The colour of an attempt card's left edge, as drawn. */
+async function edge(number) {
+  return page
+    .locator(`[data-attempt="${number}"]`)
+    .evaluate((card) => getComputedStyle(card).borderLeftColor);
 }
 
 async function text(selector) {
@@ -328,6 +340,8 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     assert.equal(await page.evaluate(() => window.__sameDocument), true, "the page was not reloaded");
     assert.equal(await text("#retry-status"), "Attempt 6 (manual) failed with HTTP 500.");
     assert.equal(await text("[data-delivery-state]"), "Failed");
+    assert.equal(await text("[data-attempts]"), "6 attempts: 5 automatic of at most 5, 1 manual");
+    assert.equal(await edge(6), EDGE.failed);
     await screenshot("delivery-detail");
   });
 
@@ -335,16 +349,33 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     await signInWith(ADMIN_TOKEN);
   });
 
-  await step(t, "with the target fixed, Retry delivers it", async () => {
+  await step(t, "with the target fixed, Retry delivers it, and the page draws that as a success", async () => {
     await openWebhook();
     await page.getByRole("link", { name: "Edit" }).click();
-    await page.getByLabel("Target URL").fill(RECEIVER_OK_URL);
+    // The fixed target answers 200 with an empty body.
+    await page.getByLabel("Target URL").fill(RECEIVER_EMPTY_URL);
     await page.getByRole("button", { name: "Save changes" }).click();
     await page.goto(failedDeliveryUrl);
     await page.getByRole("button", { name: "Retry" }).click();
     await page.locator('[data-attempt="7"][data-result="succeeded"]').waitFor();
     assert.equal(await text("#retry-status"), "Attempt 7 (manual) succeeded with HTTP 200.");
     assert.equal(await text("[data-delivery-state]"), "Succeeded");
+    // Each card's edge is its own result: the manual success green, the failures before it red.
+    assert.equal(await edge(7), EDGE.succeeded);
+    assert.equal(await edge(6), EDGE.failed);
+    assert.equal(await edge(1), EDGE.failed);
+    // The attempts line counts automatic and manual attempts apart.
+    assert.equal(await text("[data-attempts]"), "7 attempts: 5 automatic of at most 5, 2 manual");
+    // An empty answer says so, where a body would be.
+    assert.equal(await text('[data-attempt="7"] [data-response]'), "empty body");
+    assert.equal(await page.locator('[data-attempt="7"] pre[data-response]').count(), 0);
+    // Reloaded, the server draws the same (and offers no Retry for a succeeded delivery).
+    await page.reload();
+    assert.equal(await edge(7), EDGE.succeeded);
+    assert.equal(await edge(6), EDGE.failed);
+    assert.equal(await text('[data-attempt="7"] [data-response]'), "empty body");
+    assert.equal(await page.getByRole("button", { name: "Retry" }).count(), 0);
+    await screenshot("delivery-retried");
   });
 
   await step(t, "rotating the secret shows the new one, the old one signing for a while", async () => {

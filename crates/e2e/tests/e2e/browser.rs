@@ -1,9 +1,11 @@
 //! The settings pages in a real browser: the whole system runs here (ingest, dispatcher, admin,
-//! a receiver whose `/ok` answers 200 and `/fail` 500), and `settings.spec.mjs` drives Debian's
-//! headless Chromium through Playwright against it — sign in, create a webhook through the form
-//! (refused first for a bad URL and no events), an alert through ingest, the delivery with its
-//! payload and response, a failing target, Retry, rotation, incidents, deletion — taking the
-//! screenshots of docs/ on the way (into `SCREENSHOT_DIR` when set).
+//! a receiver whose `/ok` answers 200, `/fail` 500 and `/empty` 200 with an empty body), and
+//! `settings.spec.mjs` drives Debian's headless Chromium through Playwright against it — sign
+//! in, create a webhook through the form (refused first for a bad URL and no events), an alert
+//! through ingest, the delivery with its payload and response, a failing target, Retry (each
+//! attempt card drawn by its own result, the attempts line, an empty answer's "empty body"),
+//! rotation, incidents, deletion — taking the screenshots of docs/ on the way (into
+//! `SCREENSHOT_DIR` when set).
 //!
 //! Needs `node`, `/usr/bin/chromium` and `npm ci` in `crates/e2e/tests/browser`:
 //! `deploy/local/test` installs them. Missing, the test fails rather than skips.
@@ -71,6 +73,7 @@ async fn the_settings_pages_work_in_a_real_browser() {
     let receiver = Receiver::start().await;
     receiver.set_path_behavior("/ok", Behavior::Status(200));
     receiver.set_path_behavior("/fail", Behavior::Status(500));
+    receiver.set_path_behavior("/empty", Behavior::Body(200, 0));
 
     let mut node = tokio::process::Command::new("node");
     node.current_dir(&root)
@@ -85,6 +88,7 @@ async fn the_settings_pages_work_in_a_real_browser() {
         .env("INBOUND_TOKEN", &system.inbound_token)
         .env("RECEIVER_OK_URL", receiver.url("/ok"))
         .env("RECEIVER_FAIL_URL", receiver.url("/fail"))
+        .env("RECEIVER_EMPTY_URL", receiver.url("/empty"))
         .env("SCREENSHOT_DIR", &screenshots)
         .env("CHROMIUM", CHROMIUM)
         .stdin(Stdio::null())

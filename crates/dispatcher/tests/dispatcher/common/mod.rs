@@ -10,10 +10,12 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 use prometheus::Registry;
 use tocsin_dispatcher::Config;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
-use tocsin_domain::{EventKind, IncidentTitle, RetrySettings, Severity, TargetUrl, WebhookName};
+use tocsin_domain::{
+    EventKind, IncidentTitle, RetrySettings, Severity, TargetUrl, WebhookName, WebhookOrdering,
+};
 use tocsin_storage::deliveries::{self, Delivery, DeliveryDetail, DeliveryFilter, DeliveryState};
 use tocsin_storage::relay::OutboxRelay;
-use tocsin_storage::webhooks::{self, NewWebhook, Webhook};
+use tocsin_storage::webhooks::{self, NewWebhook, Webhook, WebhookChanges};
 use tocsin_storage::{outbox, Page};
 use tocsin_testkit::{amqp_url, wait_for, wait_until, TestDb, TestPrefix};
 use tocsin_web::config::CommonConfig;
@@ -138,6 +140,21 @@ impl Harness {
         )
         .await
         .unwrap()
+    }
+
+    /// Sets a webhook's `ordering`.
+    pub async fn set_ordering(&self, id: Uuid, ordering: WebhookOrdering) {
+        let mut conn = self.conn().await;
+        webhooks::update(
+            &mut conn,
+            id,
+            &WebhookChanges {
+                ordering: Some(ordering),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
     }
 
     async fn signal(&self, key: &str, action: AlertAction) -> Option<Uuid> {
