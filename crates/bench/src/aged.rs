@@ -9,7 +9,7 @@
 //! each event an incident (resolved) and one delivery to each of the aged webhooks, whose
 //! attempts succeeded at once, or for `failed_share` of them failed five times with a 500. Ids
 //! are UUIDv7s of the event's time, spread evenly over each day. The aged webhooks are made
-//! through the admin API, subscribed to `incidents.acknowledged` only (the bench sends none),
+//! through the admin API, subscribed to `incidents.resolved` only (the bench resolves nothing),
 //! and kept between runs: a database already holding the deliveries asked for is not filled
 //! again.
 
@@ -97,7 +97,7 @@ async fn aged_webhooks(bench: &Bench, n: usize) -> anyhow::Result<Vec<uuid::Uuid
                 let body = json!({
                     "name": name,
                     "url": "http://127.0.0.1:9/aged",
-                    "events": ["incidents.acknowledged"],
+                    "events": ["incidents.resolved"],
                 });
                 let answer = bench.admin_post("/api/v1/webhooks", &body).await?;
                 answer["id"]

@@ -16,10 +16,10 @@ WITH times AS (
     FROM ev
 ), events_written AS (
     INSERT INTO events (id, kind, incident_id, occurred_at, body)
-    SELECT id, 'incidents.opened', incident_id, ts,
-        json_build_object('event', 'incidents.opened', 'timestamp', ts,
+    SELECT id, 'incidents.resolved', incident_id, ts,
+        json_build_object('event', 'incidents.resolved', 'timestamp', ts,
             'data', json_build_object('id', incident_id, 'title', 'Disk full on db-1',
-                'severity', 'SEV2', 'status', 'triggered'))::text
+                'severity', 'SEV2', 'status', 'resolved'))::text
     FROM ev
 ), planned AS (
     SELECT ev.id AS event_id, ev.incident_id, ev.ts, w.id AS webhook_id, random() < $4 AS failed,
@@ -28,7 +28,7 @@ WITH times AS (
 ), deliveries_written AS (
     INSERT INTO deliveries (id, webhook_id, event_id, event, incident_id, state, attempt_count,
         auto_attempts, next_attempt_at, created_at, updated_at)
-    SELECT id, webhook_id, event_id, 'incidents.opened', incident_id,
+    SELECT id, webhook_id, event_id, 'incidents.resolved', incident_id,
         CASE WHEN failed THEN 'failed' ELSE 'succeeded' END,
         CASE WHEN failed THEN 5 ELSE 1 END, CASE WHEN failed THEN 5 ELSE 1 END, NULL, ts,
         ts + CASE WHEN failed THEN interval '2 hours 36 minutes' ELSE interval '40 ms' END
