@@ -15,6 +15,10 @@ use uuid::Uuid;
 
 use crate::common::{self, Harness, DEADLINE};
 
+/// How long a replay of hundreds of events may take to be delivered: longer than the shared
+/// deadline, for a loaded CI machine.
+const REPLAY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(90);
+
 /// Incidents made per round, each opened, changed and resolved (three events).
 const INCIDENTS: usize = 200;
 /// Incidents made at once.
@@ -51,7 +55,7 @@ async fn replay(harness: &Harness, webhook_id: Uuid, since: OffsetDateTime) -> U
 }
 
 async fn wait_finished(harness: &Harness, id: Uuid) {
-    tocsin_testkit::wait_until("the replay finished", DEADLINE, || async {
+    tocsin_testkit::wait_until("the replay finished", REPLAY_DEADLINE, || async {
         replays::get(&mut harness.conn().await, id)
             .await
             .unwrap()
@@ -65,10 +69,14 @@ async fn wait_finished(harness: &Harness, id: Uuid) {
 /// no attempt asked for left in the outbox or the queue: nothing more can be sent.
 async fn wait_settled(harness: &Harness, webhook_id: Uuid, n: i64) {
     let succeeded = format!("deliveries WHERE webhook_id = '{webhook_id}' AND state = 'succeeded'");
-    tocsin_testkit::wait_until(&format!("{n} deliveries succeeded"), DEADLINE, || async {
-        harness.db.count(&succeeded).await == n
-            && harness.db.count("attempts WHERE success IS NULL").await == 0
-    })
+    tocsin_testkit::wait_until(
+        &format!("{n} deliveries succeeded"),
+        REPLAY_DEADLINE,
+        || async {
+            harness.db.count(&succeeded).await == n
+                && harness.db.count("attempts WHERE success IS NULL").await == 0
+        },
+    )
     .await;
     harness.wait_drained().await;
 }
