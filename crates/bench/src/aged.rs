@@ -331,33 +331,29 @@ async fn retention(
 impl Bench {
     /// A GET of the admin API, answered 200 with JSON.
     pub(crate) async fn admin_get(&self, path: &str) -> anyhow::Result<Value> {
-        let response = self
-            .client
-            .get(format!("{}{path}", self.target.admin_url))
-            .bearer_auth(&self.target.admin_token)
-            .send()
-            .await?;
-        let status = response.status();
-        let answer: Value = response.json().await.unwrap_or(Value::Null);
-        if !status.is_success() {
-            bail!("GET {path}: admin answered {status}: {answer}");
-        }
-        Ok(answer)
+        let request = self.client.get(format!("{}{path}", self.target.admin_url));
+        self.admin_json(request, &format!("GET {path}")).await
     }
 
     /// A POST of the admin API, answered 2xx with JSON.
     pub(crate) async fn admin_post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
-        let response = self
+        let request = self
             .client
             .post(format!("{}{path}", self.target.admin_url))
-            .bearer_auth(&self.target.admin_token)
-            .json(body)
-            .send()
-            .await?;
+            .json(body);
+        self.admin_json(request, &format!("POST {path}")).await
+    }
+
+    async fn admin_json(
+        &self,
+        request: reqwest::RequestBuilder,
+        what: &str,
+    ) -> anyhow::Result<Value> {
+        let response = request.bearer_auth(&self.target.admin_token).send().await?;
         let status = response.status();
         let answer: Value = response.json().await.unwrap_or(Value::Null);
         if !status.is_success() {
-            bail!("POST {path}: admin answered {status}: {answer}");
+            bail!("{what}: admin answered {status}: {answer}");
         }
         Ok(answer)
     }

@@ -41,8 +41,10 @@ pub const TABLES: [(&str, &str); 3] = [
 /// `deadlock_timeout` (1 s), so that when a service's transaction and this one wait for each
 /// other, this one gives up before the deadlock check could cancel the service's.
 const LOCK_TIMEOUT: &str = "500ms";
-/// How often a step that waits for a lock is tried before the reshape or expiry gives up.
-const LOCK_TRIES: usize = 30;
+/// How often a step that waits for a lock is tried before the reshape or expiry gives up: a
+/// busy database may hold it off for a while (about four minutes at most), which costs the
+/// services nothing.
+const LOCK_TRIES: usize = 300;
 
 /// The first UUIDv7 of a day (UTC): its time in milliseconds, then zeros.
 pub fn day_floor(day: Date) -> Uuid {
@@ -289,8 +291,11 @@ pub async fn reshape(
     ] {
         with_lock_retries(conn, |conn| {
             Box::pin(async move {
+                // Dropping a foreign key locks both of its tables: take them in the order every
+                // other step does.
                 conn.batch_execute(&format!(
                     "SET lock_timeout = '{LOCK_TIMEOUT}';
+                     LOCK TABLE events, deliveries, attempts IN ACCESS EXCLUSIVE MODE;
                      ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {constraint};
                      RESET lock_timeout;"
                 ))
