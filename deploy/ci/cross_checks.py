@@ -36,11 +36,11 @@ Rendered Kubernetes objects, per target:
 
 Metrics, alerts and dashboard:
   registered_metrics        the metrics the services register in crates/*/src
-  check_metrics_documented  docs/operations.md documents each of them
+  check_metrics_documented  docs/operations/observe.md documents each of them
   check_alert_rules         deploy/prometheus/alerts.yml has rule groups; alert names are unique;
                             each alert has labels.severity critical, warning or info, an
-                            annotations.summary, and a runbook anchor that docs/operations.md
-                            has; every metric used is registered (or Prometheus's `up`)
+                            annotations.summary, and a runbook (a file of the repository and an
+                            anchor that is one of its headings); every metric used is registered (or Prometheus's `up`)
   check_dashboard           deploy/grafana/tocsin-dashboard.json parses, panel ids are unique, no
                             query keeps a template variable, every metric used is registered
 
@@ -72,7 +72,7 @@ import yaml
 from tool_inputs import DASHBOARD, all_panels, dashboard_queries
 
 ALERTS = pathlib.Path("deploy/prometheus/alerts.yml")
-OPERATIONS = pathlib.Path("docs/operations.md")
+OPERATIONS = pathlib.Path("docs/operations/observe.md")
 RABBITMQ_DEFINITIONS = pathlib.Path("deploy/rabbitmq/definitions.json")
 COMPOSE = pathlib.Path("docker-compose.yml")
 DOCKERFILE = pathlib.Path("deploy/Dockerfile")
@@ -343,7 +343,7 @@ def check_probes_and_addresses(target, objects):
 
 
 def check_grace_periods(target, objects):
-    """The drain bound; see docs/operations.md "Stopping" and the comments in the base's
+    """The drain bound; see docs/operations/deploy.md "Graceful termination" and the comments in the base's
     Deployments. dispatcher: health server stop (2 s) + consumer drain (timeout) + slack (2 s)
     + margin; ingest and admin: preStop + in-flight requests (timeout) + the outbox relay's last
     pass (timeout + 2 s) + margin."""
@@ -422,6 +422,12 @@ def check_metrics_documented(registered, documented):
             error(str(OPERATIONS), f"metric {name} (registered in crates/) is not documented")
 
 
+def heading_anchors(markdown):
+    """The anchors of a page's headings, as GitHub makes them (duplicates are not needed here)."""
+    return {re.sub(r"[^a-z0-9 _-]", "", h.lower()).strip().replace(" ", "-")
+            for h in re.findall(r"^#+ (.+)$", markdown, re.M)}
+
+
 def check_alert_rules(allowed, documented):
     rules_doc = load(ALERTS, yaml.safe_load, (OSError, yaml.YAMLError))
     if rules_doc is None:
@@ -429,8 +435,6 @@ def check_alert_rules(allowed, documented):
     if not isinstance(rules_doc, dict) or set(rules_doc) != {"groups"} or not rules_doc["groups"]:
         error(ALERTS.name, "must hold exactly one key, groups, with at least one group")
     groups = (rules_doc.get("groups") if isinstance(rules_doc, dict) else None) or []
-    anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).strip().replace(" ", "-")
-               for h in re.findall(r"^#+ (.+)$", documented, re.M)}
     seen = set()
     rules = 0
     for group in groups:
@@ -447,9 +451,12 @@ def check_alert_rules(allowed, documented):
                 annotations = rule.get("annotations") or {}
                 if not annotations.get("summary"):
                     error(where, "annotations.summary is missing")
-                anchor = annotations.get("runbook", "").partition("#")[2]
-                if anchor and f'id="{anchor}"' not in documented and anchor not in anchors:
-                    error(where, f"runbook anchor #{anchor} is no heading of {OPERATIONS}")
+                path, _, anchor = annotations.get("runbook", "").partition("#")
+                runbook = pathlib.Path(path)
+                if not path or not runbook.is_file():
+                    error(where, f"runbook {path!r} is no file of the repository")
+                elif anchor and anchor not in heading_anchors(runbook.read_text()):
+                    error(where, f"runbook anchor #{anchor} is no heading of {runbook}")
             if isinstance(rule.get("expr"), str):
                 check_metrics_exported(where, rule["expr"], allowed)
     print(f"{ALERTS}: {rules} rules")

@@ -21,7 +21,7 @@
 #  6. deploy/ci/cross_checks.py checks what no tool can: references between the objects, grace
 #     periods against TOCSIN_SHUTDOWN_TIMEOUT, pod security settings, the metrics used by the
 #     alerts and the dashboard against those the services register (crates/*/src) and those
-#     docs/operations.md documents, deploy/rabbitmq/definitions.json, and docker-compose.yml
+#     docs/operations/observe.md documents, deploy/rabbitmq/definitions.json, and docker-compose.yml
 #     against deploy/Dockerfile. Its docstring lists every check.
 #
 # The tools, pinned below, are installed on first use, and again when a pin changes:

@@ -1,7 +1,7 @@
 # Shared by deploy/image/build and deploy/image/test: a Docker engine (the one that answers, or
 # a temporary one of our own), the base image that deploy/Dockerfile's runtime stage names (made
 # from Debian's packages when the engine does not have it), and the image built from that
-# stage's own lines. Sourced, not run. See docs/operations.md#the-container-image.
+# stage's own lines. Sourced, not run. See docs/operations/image.md.
 
 # shellcheck shell=bash
 # shellcheck source=../local/lib.sh

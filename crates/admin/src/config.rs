@@ -338,7 +338,7 @@ pub enum Command {
     /// Delete finished deliveries, their attempts and events older than the retention, now.
     Prune(PruneArgs),
     /// Move a delivery log that holds rows into day partitions, while the services run (upgrade
-    /// every service to this release first; see docs/operations.md).
+    /// every service to this release first; see docs/operations/upgrade.md).
     Reshape(MigrateArgs),
     /// The parking queue (messages that could not be processed): list them, or replay them.
     Parked(ParkedArgs),

@@ -13,7 +13,7 @@ pub const AUTO_ATTEMPTS_HEADER: &str = "tocsin-auto-attempts";
 /// The header's name before `tocsin-auto-attempts`, which carried the count plus one. For one
 /// more release it is read, for messages sent before an upgrade, and written beside the new
 /// one, for dispatchers of the previous release running beside these during a rolling upgrade
-/// (docs/operations.md, "Names changed").
+/// (docs/operations/upgrade.md, "Names changed").
 pub const FORMER_ATTEMPT_HEADER: &str = "tocsin-attempt";
 /// Header saying who asked for the attempt, a [`tocsin_domain::delivery::Trigger`] as text:
 /// `automatic` (the default) or `manual`.

@@ -1,4 +1,4 @@
-//! Dispatcher metrics (docs/operations.md lists them all).
+//! Dispatcher metrics (docs/operations/observe.md lists them all).
 
 use prometheus::{
     GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,

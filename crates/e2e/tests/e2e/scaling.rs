@@ -1,4 +1,4 @@
-//! Dispatchers share the work (docs/operations.md, "Scaling dispatchers"): one ingest, one admin
+//! Dispatchers share the work (docs/operations/scale.md, "Scaling dispatchers"): one ingest, one admin
 //! and two dispatchers run as processes from the built binaries, with a database and an AMQP
 //! prefix of their own. A webhook is created and an inbound token issued through the admin API;
 //! a few hundred alerts go to ingest; every delivery reaches the loopback receiver, and each
