@@ -205,8 +205,9 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
     .await;
     let url = admin.db.url.clone();
     let env = [("DATABASE_URL", url.as_str())];
-    let (ok, listing, said) = cli(
+    let (ok, listing, said) = admin.cli(
         &env,
+        None,
         &["deliveries", "failed", "--webhook", &webhook.to_string()],
     );
     assert!(ok, "{said}");
@@ -219,7 +220,7 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
     );
     assert!(!listing.contains(&pending.to_string()));
 
-    let (ok, _, said) = cli(&env, &["deliveries", "retry", &failed.to_string()]);
+    let (ok, _, said) = admin.cli(&env, None, &["deliveries", "retry", &failed.to_string()]);
     assert!(
         ok && said.contains(&format!("enqueued a manual attempt of delivery {failed}")),
         "{said}"
@@ -227,7 +228,11 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
     let rows = admin.manual_retry_outbox_rows().await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].1["delivery_id"], failed.to_string());
-    let (ok, _, said) = cli(&env, &["deliveries", "retry", &Uuid::now_v7().to_string()]);
+    let (ok, _, said) = admin.cli(
+        &env,
+        None,
+        &["deliveries", "retry", &Uuid::now_v7().to_string()],
+    );
     assert!(!ok && said.contains("no delivery"), "{said}");
     // A succeeded delivery is final: the CLI refuses, as the API does.
     tocsin_testkit::deliveries::record_attempt(
@@ -236,7 +241,7 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
         tocsin_testkit::deliveries::answered(200),
     )
     .await;
-    let (ok, _, said) = cli(&env, &["deliveries", "retry", &pending.to_string()]);
+    let (ok, _, said) = admin.cli(&env, None, &["deliveries", "retry", &pending.to_string()]);
     assert!(!ok && said.contains("succeeded already"), "{said}");
     assert_eq!(
         admin.manual_retry_outbox_rows().await.len(),
@@ -245,8 +250,9 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
     );
 
     let since = rfc3339(OffsetDateTime::now_utc() - time::Duration::hours(1));
-    let (ok, count, said) = cli(
+    let (ok, count, said) = admin.cli(
         &env,
+        None,
         &[
             "deliveries",
             "recover",
@@ -259,8 +265,9 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
     assert!(ok, "{said}");
     assert_eq!(count.trim(), "1", "the one failed delivery: {said}");
     assert_eq!(admin.manual_retry_outbox_rows().await.len(), 2);
-    let (ok, _, said) = cli(
+    let (ok, _, said) = admin.cli(
         &env,
+        None,
         &[
             "deliveries",
             "recover",
@@ -271,8 +278,9 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
         ],
     );
     assert!(!ok && said.contains("no webhook"), "{said}");
-    let (ok, _, said) = cli(
+    let (ok, _, said) = admin.cli(
         &env,
+        None,
         &[
             "deliveries",
             "recover",
@@ -290,8 +298,9 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
         )
         .await;
     assert_eq!(status, StatusCode::OK);
-    let (ok, _, said) = cli(
+    let (ok, _, said) = admin.cli(
         &env,
+        None,
         &[
             "deliveries",
             "recover",
@@ -302,7 +311,7 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
         ],
     );
     assert!(!ok && said.contains("the webhook is disabled"), "{said}");
-    let (ok, _, said) = cli(&env, &["deliveries", "retry", &failed.to_string()]);
+    let (ok, _, said) = admin.cli(&env, None, &["deliveries", "retry", &failed.to_string()]);
     assert!(!ok && said.contains("the webhook is disabled"), "{said}");
     assert_eq!(
         admin.manual_retry_outbox_rows().await.len(),
@@ -357,7 +366,7 @@ async fn the_prune_subcommand_removes_old_days_but_their_unfinished_deliveries()
     let old = |state: &str| format!("deliveries WHERE state = '{state}' AND id < '{recent}'");
     assert_eq!(admin.count(&old("failed")).await, 1);
 
-    let (ok, _, said) = cli(&env, &["prune", "--retention", "30d"]);
+    let (ok, _, said) = admin.cli(&env, None, &["prune", "--retention", "30d"]);
     assert!(
         ok && said.contains(
             "pruned 0 days of the delivery log (1 more emptied but for 1 unfinished deliveries)"
@@ -422,7 +431,7 @@ async fn the_parked_subcommands_list_and_replay_the_parking_queue() {
             .await
             .unwrap();
     }
-    let (ok, listing, said) = cli(&env, &["parked", "list"]);
+    let (ok, listing, said) = admin.cli(&env, None, &["parked", "list"]);
     assert!(ok, "{said}");
     assert_eq!(
         listing,
@@ -435,11 +444,11 @@ async fn the_parked_subcommands_list_and_replay_the_parking_queue() {
     })
     .await;
     let before = waiting(&broker).await;
-    let (ok, count, said) = cli(&env, &["parked", "replay"]);
+    let (ok, count, said) = admin.cli(&env, None, &["parked", "replay"]);
     assert!(ok, "{said}");
     assert_eq!(count.trim(), "1", "{said}");
     assert!(said.contains("1 unreadable message(s) left"), "{said}");
-    let (_, listing, _) = cli(&env, &["parked", "list"]);
+    let (_, listing, _) = admin.cli(&env, None, &["parked", "list"]);
     assert_eq!(
         listing.lines().count(),
         2,
