@@ -1,11 +1,12 @@
 //! The built `tocsin-admin` binary: each CLI subcommand (tokens, migrate, deliveries, prune,
 //! parked messages), its refusal to serve without a good admin token, and a clean stop on
-//! SIGTERM.
+//! SIGTERM. Commands run through the harness (`RunningAdmin::cli`), so that their changes are
+//! held to the audit log under the CLI's actor.
 
 use std::process::{Command, Stdio};
 
 use diesel::sql_types::Uuid as SqlUuid;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::RunQueryDsl;
 use reqwest::StatusCode;
 use serde_json::json;
 use time::OffsetDateTime;
@@ -45,63 +46,49 @@ fn binary(env: &[(&str, &str)]) -> Command {
 
 #[tokio::test]
 async fn the_token_cli_prints_a_token_that_ingest_accepts() {
-    let db = TestDb::new().await;
-    let output = binary(&[("DATABASE_URL", &db.url)])
-        .args(["token", "create", "--name", "grafana"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    let stdout = String::from_utf8(output.stdout).unwrap();
+    let admin = TestAdmin::start().await;
+    let url = admin.db.url.clone();
+    let env = [("DATABASE_URL", url.as_str())];
+    let (ok, stdout, stderr) = admin.cli(&env, None, &["token", "create", "--name", "grafana"]);
+    assert!(ok, "{stderr}");
     assert_eq!(
         stdout.lines().count(),
         1,
         "only the token on stdout: {stdout:?}"
     );
     let presented = AccessToken::from_presented(stdout.trim()).expect("a well-formed token");
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let mut conn = admin.conn().await;
     let id = tokens::authenticate(&mut conn, &presented)
         .await
         .unwrap()
         .expect("the token is accepted");
 
-    let output = binary(&[("DATABASE_URL", &db.url)])
-        .args(["token", "list"])
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    let listing = String::from_utf8(output.stdout).unwrap();
+    let (ok, listing, _) = admin.cli(&env, None, &["token", "list"]);
+    assert!(ok);
     assert!(
         listing.contains(&id.to_string()) && listing.contains("grafana"),
         "{listing}"
     );
     assert!(!listing.contains(&stdout.trim()[17..]), "no secret listed");
 
-    let output = binary(&[("DATABASE_URL", &db.url)])
-        .args(["token", "revoke", &id.to_string()])
-        .output()
-        .unwrap();
-    assert!(output.status.success());
+    let (ok, _, _) = admin.cli(&env, None, &["token", "revoke", &id.to_string()]);
+    assert!(ok);
     assert_eq!(
         tokens::authenticate(&mut conn, &presented).await.unwrap(),
         None
     );
-    let output = binary(&[("DATABASE_URL", &db.url)])
-        .args(["token", "revoke", &id.to_string()])
-        .output()
-        .unwrap();
-    assert!(!output.status.success(), "revoking twice fails");
+    let (ok, _, _) = admin.cli(&env, None, &["token", "revoke", &id.to_string()]);
+    assert!(!ok, "revoking twice fails");
 
-    let output = binary(&[("DATABASE_URL", &db.url)])
-        .args(["token", "create", "--name", ""])
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    assert!(output.stdout.is_empty());
+    let (ok, stdout, _) = admin.cli(&env, None, &["token", "create", "--name", ""]);
+    assert!(!ok);
+    assert!(stdout.is_empty());
 
     // A token bound to a source, with basic authentication.
-    let output = binary(&[("DATABASE_URL", &db.url)])
-        .args([
+    let (ok, stdout, stderr) = admin.cli(
+        &env,
+        None,
+        &[
             "token",
             "create",
             "--name",
@@ -109,16 +96,10 @@ async fn the_token_cli_prints_a_token_that_ingest_accepts() {
             "--source",
             "cloudwatch",
             "--basic-auth",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+        ],
     );
-    let presented =
-        AccessToken::from_presented(String::from_utf8(output.stdout).unwrap().trim()).unwrap();
+    assert!(ok, "{stderr}");
+    let presented = AccessToken::from_presented(stdout.trim()).unwrap();
     let live = tokens::authenticate_all(&mut conn, &[presented])
         .await
         .unwrap()
@@ -129,13 +110,14 @@ async fn the_token_cli_prints_a_token_that_ingest_accepts() {
         Some(tocsin_domain::alerts::AlertFormat::CloudWatch)
     );
     assert!(live.basic_auth && !live.query_token);
-    let output = binary(&[("DATABASE_URL", &db.url)])
-        .args(["token", "create", "--name", "x", "--source", "nagios"])
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (ok, _, stderr) = admin.cli(
+        &env,
+        None,
+        &["token", "create", "--name", "x", "--source", "nagios"],
+    );
+    assert!(!ok);
     assert!(stderr.contains("--source"), "{stderr}");
+    admin.stop().await;
 }
 
 /// Messages waiting in the delivery queue.
@@ -390,6 +372,16 @@ async fn the_prune_subcommand_removes_old_days_but_their_unfinished_deliveries()
         1,
         "today is kept"
     );
+    // Recorded in the audit log with what it removed.
+    let (status, log) = admin.get("/api/v1/audit-log?action=delivery.prune").await;
+    assert_eq!(status, StatusCode::OK, "{log}");
+    let after = &log["items"][0]["after"];
+    assert_eq!(
+        (&after["days_emptied"], &after["unfinished_kept"]),
+        (&json!(1), &json!(1)),
+        "{log}"
+    );
+    assert_eq!(log["items"][0]["actor"]["kind"], "cli", "{log}");
     admin.stop().await;
 }
 
