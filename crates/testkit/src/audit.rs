@@ -170,16 +170,6 @@ impl AuditLedger {
         self.lock().secrets.insert(secret.to_owned());
     }
 
-    /// Notes that the admin key `key` is the one named `name` (with id `id`), for a key issued
-    /// where [`Self::exchange`] does not see it.
-    pub fn key(&self, key: &str, name: &str, id: Option<Uuid>) {
-        let mut ledger = self.lock();
-        ledger
-            .credentials
-            .insert(key.to_owned(), Actor::key(name, id));
-        ledger.secrets.insert(key.to_owned());
-    }
-
     /// Sends `request` with `client`, noting the change its answer reports.
     pub async fn exchange(&self, client: &reqwest::Client, request: reqwest::Request) -> Answer {
         let method = request.method().clone();
@@ -241,11 +231,10 @@ impl AuditLedger {
         for secret in secrets_in(&answer.text) {
             ledger.secrets.insert(secret);
         }
-        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-        let writes = [Method::POST, Method::PUT, Method::PATCH, Method::DELETE].contains(method);
-        if !writes {
+        if ![Method::POST, Method::PUT, Method::PATCH, Method::DELETE].contains(method) {
             return;
         }
+        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
         match segments.as_slice() {
             ["api", "v1", rest @ ..] if answer.status.is_success() => {
                 let credential = headers
@@ -253,9 +242,9 @@ impl AuditLedger {
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.strip_prefix("Bearer "))
                     .unwrap_or_default();
-                let actor = ledger.credentials.get(credential).cloned().unwrap_or_else(|| {
-                    panic!("{method} {path} succeeded with a credential the audit ledger does not know")
-                });
+                let Some(actor) = ledger.credentials.get(credential).cloned() else {
+                    panic!("{method} {path} succeeded with a credential the ledger does not know");
+                };
                 let Some((action, id)) = api_change(method, rest, answer, incident_moved) else {
                     return;
                 };
@@ -269,23 +258,24 @@ impl AuditLedger {
                 ledger.changes.push(Change::new(action, id, "api", actor));
             }
             ["settings", "sign-in"] => {
-                let cookie = answer
+                let Some(cookie) = answer
                     .headers
                     .get(SET_COOKIE)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.split(';').next())
-                    .filter(|c| !c.ends_with('='));
-                if let Some(cookie) = cookie {
-                    let token = form_field(body, "token").unwrap_or_default();
-                    let actor = ledger.credentials.get(&token).cloned().unwrap_or_else(|| {
-                        panic!("signed in to the pages with a credential the audit ledger does not know")
-                    });
-                    ledger.sessions.insert(cookie.to_owned(), actor);
-                }
+                    .filter(|c| !c.ends_with('='))
+                else {
+                    return;
+                };
+                let token = form_field(body, "token").unwrap_or_default();
+                let Some(actor) = ledger.credentials.get(&token).cloned() else {
+                    panic!("signed in to the pages with a credential the ledger does not know");
+                };
+                ledger.sessions.insert(cookie.to_owned(), actor);
             }
             ["settings", rest @ ..] => {
-                let signed_out = answer.location().starts_with("/settings/sign-in");
                 let done = answer.status.is_success() || answer.status == StatusCode::SEE_OTHER;
+                let signed_out = answer.location().starts_with("/settings/sign-in");
                 if !done || signed_out {
                     return;
                 }
@@ -295,30 +285,29 @@ impl AuditLedger {
                 let session = headers
                     .get(COOKIE)
                     .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.split(';').map(str::trim).find(|c| ledger.sessions.contains_key(*c)))
-                    .unwrap_or_else(|| {
-                        panic!("{method} {path} changed something in a session the audit ledger does not know")
+                    .and_then(|v| {
+                        v.split(';')
+                            .map(str::trim)
+                            .find(|c| ledger.sessions.contains_key(*c))
                     });
-                let actor = ledger.sessions[session].clone();
+                let Some(actor) = session.map(|session| ledger.sessions[session].clone()) else {
+                    panic!(
+                        "{method} {path} changed something in a session the ledger does not know"
+                    );
+                };
                 if action == "admin_key.create" {
                     let key = secrets_in(&answer.text)
                         .into_iter()
                         .find(|s| s.starts_with("tak_"))
                         .unwrap_or_default();
                     let name = form_field(body, "name").unwrap_or_default();
-                    ledger
-                        .credentials
-                        .insert(key, Actor::key(name.trim(), None));
+                    let actor = Actor::key(name.trim(), None);
+                    ledger.credentials.insert(key, actor);
                 }
                 ledger.changes.push(Change::new(action, id, "pages", actor));
             }
             _ => {}
         }
-    }
-
-    /// The changes noted so far.
-    pub fn changes(&self) -> Vec<Change> {
-        self.lock().changes.clone()
     }
 
     /// Reads the whole audit log of the admin at `base` (`http://127.0.0.1:<port>`) and requires

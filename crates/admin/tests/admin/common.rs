@@ -1,9 +1,10 @@
 //! The set-up every module of this binary shares: an admin on port 0 with a database and an
 //! AMQP prefix of its own, a client that follows no redirect (the pages answer with them), an
-//! audit ledger that notes every change a request makes, and a stop that first holds the audit
-//! log to those changes (`tocsin_testkit::audit`). Each module wraps it in a `TestAdmin` of its own, which derefs to it, and adds
-//! the helpers it needs there (so that their names never collide across modules); the modules of
-//! the API share the one of `api`.
+//! audit ledger that notes every change a request or a CLI run makes, and a stop that first holds
+//! the audit log to those changes (`tocsin_testkit::audit`). Each module wraps it in a
+//! `TestAdmin` of its own, which derefs to it, and adds the helpers it needs there (so that their
+//! names never collide across modules); the modules of the API share the one of `api`. Requests
+//! go through [`RunningAdmin::exchange`], CLI runs through [`RunningAdmin::cli`].
 
 use std::time::Duration;
 
