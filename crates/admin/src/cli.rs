@@ -15,6 +15,7 @@ use tocsin_storage::{tokens, DbError, Page};
 use crate::actor::Actor;
 use crate::api::admin_keys::{CheckedKey, NewAdminKey};
 use crate::api::tokens::{CheckedToken, NewToken};
+use crate::audit::Change;
 use crate::config::{
     AuditArgs, DeliveriesAction, DeliveriesArgs, KeyAction, KeyArgs, MigrateArgs, ParkedAction,
     ParkedArgs, PruneArgs, TokenAction, TokenArgs,
@@ -44,17 +45,35 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `tocsin-admin prune`.
+/// `tocsin-admin prune`, recorded in the audit log (as `delivery.prune`, with what it removed)
+/// once it is done.
 pub async fn prune(args: PruneArgs) -> anyhow::Result<()> {
     let mut conn = connect(&args.common.database_url).await?;
     let now = time::OffsetDateTime::now_utc();
     let keep = time::Duration::try_from(args.retention).context("--retention: too long")?;
-    let pruned = tocsin_storage::retention::prune(
-        &mut conn,
-        now - keep,
-        now - keep.min(time::Duration::DAY),
-    )
-    .await?;
+    let before = now - keep;
+    let pruned =
+        tocsin_storage::retention::prune(&mut conn, before, now - keep.min(time::Duration::DAY))
+            .await?;
+    let change = Change {
+        action: "delivery.prune",
+        resource_type: "delivery",
+        resource_id: None,
+        before: None,
+        after: Some(serde_json::json!({
+            "before": tocsin_domain::rfc3339_utc::format(before),
+            "days_dropped": pruned.days.dropped,
+            "days_emptied": pruned.days.emptied,
+            "unfinished_kept": pruned.days.kept,
+            "deliveries": pruned.deliveries,
+            "events": pruned.events,
+            "outbox": pruned.outbox,
+        })),
+    };
+    Actor::cli()
+        .record(&mut conn, change)
+        .await
+        .context("recording the prune in the audit log")?;
     eprintln!(
         "pruned {} days of the delivery log ({} more emptied but for {} unfinished deliveries), \
          {} deliveries (with their attempts) and {} events row by row, {} outbox rows",

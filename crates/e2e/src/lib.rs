@@ -1,11 +1,14 @@
 //! The whole of Tocsin in one test process: a database and AMQP prefix of its own, ingest,
 //! dispatcher and admin on port 0, an inbound token and an admin token, and a real receiver.
+//! Every change a test makes through admin is noted in an audit ledger, and [`System::stop`]
+//! first holds admin's audit log to those changes (`tocsin_testkit::audit`).
 
 use std::time::Duration;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use serde_json::Value;
 use tocsin_storage::tokens;
+use tocsin_testkit::audit::AuditLedger;
 use tocsin_testkit::{amqp_url, TestDb, TestPrefix};
 use tocsin_web::config::CommonConfig;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +26,9 @@ pub struct System {
     /// An inbound token for the ingest endpoint.
     pub inbound_token: String,
     pub client: reqwest::Client,
+    /// The changes made through [`System::api`] (and those noted with
+    /// [`AuditLedger::expect`]), checked by [`System::stop`] against the audit log.
+    pub ledger: AuditLedger,
     services: Vec<(
         CancellationToken,
         tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -77,6 +83,7 @@ impl System {
             .expose()
             .to_owned();
         System {
+            ledger: AuditLedger::new(&db.url, ADMIN_TOKEN),
             db,
             prefix,
             ingest: ingest_url,
@@ -102,9 +109,9 @@ impl System {
         if let Some(body) = body {
             request = request.json(&body);
         }
-        let response = request.send().await.expect("calling admin");
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
+        let request = request.build().expect("a request");
+        let answer = self.ledger.exchange(&self.client, request).await;
+        (answer.status.as_u16(), answer.json())
     }
 
     /// A webhook's deliveries as the delivery log lists them (its first page), newest first.
@@ -146,8 +153,11 @@ impl System {
             .expect("metrics text")
     }
 
-    /// Stops every service gracefully.
+    /// Holds admin's audit log to the changes the test made, then stops every service
+    /// gracefully.
     pub async fn stop(self) {
+        let entries = self.ledger.check(&self.client, &self.admin).await;
+        eprintln!("the audit log holds the test's {entries} change(s) with their actors");
         for (stop, task) in self.services {
             stop.cancel();
             task.await

@@ -10,6 +10,7 @@
 //! `amqp://guest:guest@127.0.0.1:5672/%2f`), `TOCSIN_TEST_RABBITMQ_API` (default
 //! `http://guest:guest@127.0.0.1:15672`).
 
+pub mod audit;
 mod broker;
 mod database;
 pub mod deliveries;

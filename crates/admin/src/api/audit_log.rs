@@ -32,8 +32,8 @@ pub struct AuditEntry {
     /// What was done, `<resource type>.<verb>`: `webhook.create`, `webhook.update`,
     /// `webhook.delete`, `webhook.reveal_secret`, `webhook.rotate_secret`,
     /// `webhook.test_event`, `webhook.recover`, `webhook.replay`, `delivery.retry`,
-    /// `incident.change_status`, `token.create`, `token.revoke`, `admin_key.create`,
-    /// `admin_key.revoke`.
+    /// `delivery.prune` (the CLI's `prune`, with no resource id), `incident.change_status`,
+    /// `token.create`, `token.revoke`, `admin_key.create`, `admin_key.revoke`.
     #[schema(example = "webhook.update")]
     pub action: String,
     /// `webhook`, `delivery`, `incident`, `token` or `admin_key`.

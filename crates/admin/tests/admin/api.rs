@@ -65,7 +65,7 @@ impl TestAdmin {
         if let Some(body) = body {
             request = request.json(body);
         }
-        read(request.send().await.expect("sending to admin")).await
+        answered(self.exchange(request).await)
     }
 
     pub(crate) async fn get(&self, path: &str) -> (StatusCode, Value) {
@@ -103,7 +103,7 @@ impl TestAdmin {
             .bearer_auth(ADMIN_TOKEN)
             .header("content-type", content_type)
             .body(body);
-        read(request.send().await.expect("sending to admin")).await
+        answered(self.exchange(request).await)
     }
 
     pub(crate) async fn create_webhook(&self, name: &str) -> Value {
@@ -151,6 +151,16 @@ impl TestAdmin {
     pub(crate) async fn stop(self) {
         self.0.stop().await;
     }
+}
+
+/// An exchange's status and JSON body (its text when not JSON, `Null` when empty).
+pub(crate) fn answered(answer: tocsin_testkit::audit::Answer) -> (StatusCode, Value) {
+    let body = if answer.text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&answer.text).unwrap_or(Value::String(answer.text))
+    };
+    (answer.status, body)
 }
 
 pub(crate) async fn read(response: reqwest::Response) -> (StatusCode, Value) {

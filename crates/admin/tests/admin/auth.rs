@@ -121,4 +121,5 @@ async fn wrong_admin_tokens_are_limited_per_address_but_the_right_one_always_pas
         .unwrap();
     assert_eq!(bare.status(), 401);
     assert_eq!(call("wrong-token-wrong-token").await.unwrap().status(), 429);
+    admin.stop().await;
 }

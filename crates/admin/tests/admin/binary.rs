@@ -1,11 +1,12 @@
 //! The built `tocsin-admin` binary: each CLI subcommand (tokens, migrate, deliveries, prune,
 //! parked messages), its refusal to serve without a good admin token, and a clean stop on
-//! SIGTERM.
+//! SIGTERM. Commands run through the harness (`RunningAdmin::cli`), so that their changes are
+//! held to the audit log under the CLI's actor.
 
 use std::process::{Command, Stdio};
 
 use diesel::sql_types::Uuid as SqlUuid;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::RunQueryDsl;
 use reqwest::StatusCode;
 use serde_json::json;
 use time::OffsetDateTime;
@@ -45,63 +46,49 @@ fn binary(env: &[(&str, &str)]) -> Command {
 
 #[tokio::test]
 async fn the_token_cli_prints_a_token_that_ingest_accepts() {
-    let db = TestDb::new().await;
-    let output = binary(&[("DATABASE_URL", &db.url)])
-        .args(["token", "create", "--name", "grafana"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    let stdout = String::from_utf8(output.stdout).unwrap();
+    let admin = TestAdmin::start().await;
+    let url = admin.db.url.clone();
+    let env = [("DATABASE_URL", url.as_str())];
+    let (ok, stdout, stderr) = admin.cli(&env, None, &["token", "create", "--name", "grafana"]);
+    assert!(ok, "{stderr}");
     assert_eq!(
         stdout.lines().count(),
         1,
         "only the token on stdout: {stdout:?}"
     );
     let presented = AccessToken::from_presented(stdout.trim()).expect("a well-formed token");
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let mut conn = admin.conn().await;
     let id = tokens::authenticate(&mut conn, &presented)
         .await
         .unwrap()
         .expect("the token is accepted");
 
-    let output = binary(&[("DATABASE_URL", &db.url)])
-        .args(["token", "list"])
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    let listing = String::from_utf8(output.stdout).unwrap();
+    let (ok, listing, _) = admin.cli(&env, None, &["token", "list"]);
+    assert!(ok);
     assert!(
         listing.contains(&id.to_string()) && listing.contains("grafana"),
         "{listing}"
     );
     assert!(!listing.contains(&stdout.trim()[17..]), "no secret listed");
 
-    let output = binary(&[("DATABASE_URL", &db.url)])
-        .args(["token", "revoke", &id.to_string()])
-        .output()
-        .unwrap();
-    assert!(output.status.success());
+    let (ok, _, _) = admin.cli(&env, None, &["token", "revoke", &id.to_string()]);
+    assert!(ok);
     assert_eq!(
         tokens::authenticate(&mut conn, &presented).await.unwrap(),
         None
     );
-    let output = binary(&[("DATABASE_URL", &db.url)])
-        .args(["token", "revoke", &id.to_string()])
-        .output()
-        .unwrap();
-    assert!(!output.status.success(), "revoking twice fails");
+    let (ok, _, _) = admin.cli(&env, None, &["token", "revoke", &id.to_string()]);
+    assert!(!ok, "revoking twice fails");
 
-    let output = binary(&[("DATABASE_URL", &db.url)])
-        .args(["token", "create", "--name", ""])
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    assert!(output.stdout.is_empty());
+    let (ok, stdout, _) = admin.cli(&env, None, &["token", "create", "--name", ""]);
+    assert!(!ok);
+    assert!(stdout.is_empty());
 
     // A token bound to a source, with basic authentication.
-    let output = binary(&[("DATABASE_URL", &db.url)])
-        .args([
+    let (ok, stdout, stderr) = admin.cli(
+        &env,
+        None,
+        &[
             "token",
             "create",
             "--name",
@@ -109,16 +96,10 @@ async fn the_token_cli_prints_a_token_that_ingest_accepts() {
             "--source",
             "cloudwatch",
             "--basic-auth",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+        ],
     );
-    let presented =
-        AccessToken::from_presented(String::from_utf8(output.stdout).unwrap().trim()).unwrap();
+    assert!(ok, "{stderr}");
+    let presented = AccessToken::from_presented(stdout.trim()).unwrap();
     let live = tokens::authenticate_all(&mut conn, &[presented])
         .await
         .unwrap()
@@ -129,13 +110,14 @@ async fn the_token_cli_prints_a_token_that_ingest_accepts() {
         Some(tocsin_domain::alerts::AlertFormat::CloudWatch)
     );
     assert!(live.basic_auth && !live.query_token);
-    let output = binary(&[("DATABASE_URL", &db.url)])
-        .args(["token", "create", "--name", "x", "--source", "nagios"])
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (ok, _, stderr) = admin.cli(
+        &env,
+        None,
+        &["token", "create", "--name", "x", "--source", "nagios"],
+    );
+    assert!(!ok);
     assert!(stderr.contains("--source"), "{stderr}");
+    admin.stop().await;
 }
 
 /// Messages waiting in the delivery queue.
@@ -205,8 +187,9 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
     .await;
     let url = admin.db.url.clone();
     let env = [("DATABASE_URL", url.as_str())];
-    let (ok, listing, said) = cli(
+    let (ok, listing, said) = admin.cli(
         &env,
+        None,
         &["deliveries", "failed", "--webhook", &webhook.to_string()],
     );
     assert!(ok, "{said}");
@@ -219,7 +202,7 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
     );
     assert!(!listing.contains(&pending.to_string()));
 
-    let (ok, _, said) = cli(&env, &["deliveries", "retry", &failed.to_string()]);
+    let (ok, _, said) = admin.cli(&env, None, &["deliveries", "retry", &failed.to_string()]);
     assert!(
         ok && said.contains(&format!("enqueued a manual attempt of delivery {failed}")),
         "{said}"
@@ -227,7 +210,11 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
     let rows = admin.manual_retry_outbox_rows().await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].1["delivery_id"], failed.to_string());
-    let (ok, _, said) = cli(&env, &["deliveries", "retry", &Uuid::now_v7().to_string()]);
+    let (ok, _, said) = admin.cli(
+        &env,
+        None,
+        &["deliveries", "retry", &Uuid::now_v7().to_string()],
+    );
     assert!(!ok && said.contains("no delivery"), "{said}");
     // A succeeded delivery is final: the CLI refuses, as the API does.
     tocsin_testkit::deliveries::record_attempt(
@@ -236,7 +223,7 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
         tocsin_testkit::deliveries::answered(200),
     )
     .await;
-    let (ok, _, said) = cli(&env, &["deliveries", "retry", &pending.to_string()]);
+    let (ok, _, said) = admin.cli(&env, None, &["deliveries", "retry", &pending.to_string()]);
     assert!(!ok && said.contains("succeeded already"), "{said}");
     assert_eq!(
         admin.manual_retry_outbox_rows().await.len(),
@@ -245,8 +232,9 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
     );
 
     let since = rfc3339(OffsetDateTime::now_utc() - time::Duration::hours(1));
-    let (ok, count, said) = cli(
+    let (ok, count, said) = admin.cli(
         &env,
+        None,
         &[
             "deliveries",
             "recover",
@@ -259,8 +247,9 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
     assert!(ok, "{said}");
     assert_eq!(count.trim(), "1", "the one failed delivery: {said}");
     assert_eq!(admin.manual_retry_outbox_rows().await.len(), 2);
-    let (ok, _, said) = cli(
+    let (ok, _, said) = admin.cli(
         &env,
+        None,
         &[
             "deliveries",
             "recover",
@@ -271,8 +260,9 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
         ],
     );
     assert!(!ok && said.contains("no webhook"), "{said}");
-    let (ok, _, said) = cli(
+    let (ok, _, said) = admin.cli(
         &env,
+        None,
         &[
             "deliveries",
             "recover",
@@ -290,8 +280,9 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
         )
         .await;
     assert_eq!(status, StatusCode::OK);
-    let (ok, _, said) = cli(
+    let (ok, _, said) = admin.cli(
         &env,
+        None,
         &[
             "deliveries",
             "recover",
@@ -302,7 +293,7 @@ async fn the_deliveries_subcommands_list_retry_and_recover_failed_deliveries() {
         ],
     );
     assert!(!ok && said.contains("the webhook is disabled"), "{said}");
-    let (ok, _, said) = cli(&env, &["deliveries", "retry", &failed.to_string()]);
+    let (ok, _, said) = admin.cli(&env, None, &["deliveries", "retry", &failed.to_string()]);
     assert!(!ok && said.contains("the webhook is disabled"), "{said}");
     assert_eq!(
         admin.manual_retry_outbox_rows().await.len(),
@@ -357,7 +348,7 @@ async fn the_prune_subcommand_removes_old_days_but_their_unfinished_deliveries()
     let old = |state: &str| format!("deliveries WHERE state = '{state}' AND id < '{recent}'");
     assert_eq!(admin.count(&old("failed")).await, 1);
 
-    let (ok, _, said) = cli(&env, &["prune", "--retention", "30d"]);
+    let (ok, _, said) = admin.cli(&env, None, &["prune", "--retention", "30d"]);
     assert!(
         ok && said.contains(
             "pruned 0 days of the delivery log (1 more emptied but for 1 unfinished deliveries)"
@@ -381,6 +372,16 @@ async fn the_prune_subcommand_removes_old_days_but_their_unfinished_deliveries()
         1,
         "today is kept"
     );
+    // Recorded in the audit log with what it removed.
+    let (status, log) = admin.get("/api/v1/audit-log?action=delivery.prune").await;
+    assert_eq!(status, StatusCode::OK, "{log}");
+    let after = &log["items"][0]["after"];
+    assert_eq!(
+        (&after["days_emptied"], &after["unfinished_kept"]),
+        (&json!(1), &json!(1)),
+        "{log}"
+    );
+    assert_eq!(log["items"][0]["actor"]["kind"], "cli", "{log}");
     admin.stop().await;
 }
 
@@ -422,7 +423,7 @@ async fn the_parked_subcommands_list_and_replay_the_parking_queue() {
             .await
             .unwrap();
     }
-    let (ok, listing, said) = cli(&env, &["parked", "list"]);
+    let (ok, listing, said) = admin.cli(&env, None, &["parked", "list"]);
     assert!(ok, "{said}");
     assert_eq!(
         listing,
@@ -435,11 +436,11 @@ async fn the_parked_subcommands_list_and_replay_the_parking_queue() {
     })
     .await;
     let before = waiting(&broker).await;
-    let (ok, count, said) = cli(&env, &["parked", "replay"]);
+    let (ok, count, said) = admin.cli(&env, None, &["parked", "replay"]);
     assert!(ok, "{said}");
     assert_eq!(count.trim(), "1", "{said}");
     assert!(said.contains("1 unreadable message(s) left"), "{said}");
-    let (_, listing, _) = cli(&env, &["parked", "list"]);
+    let (_, listing, _) = admin.cli(&env, None, &["parked", "list"]);
     assert_eq!(
         listing.lines().count(),
         2,

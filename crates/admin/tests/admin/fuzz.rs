@@ -80,17 +80,14 @@ impl TestAdmin {
 
     /// An API call with a raw JSON body; returns the status and the JSON answer.
     async fn call(&self, method: Method, path: &str, body: Vec<u8>) -> (u16, Value) {
-        let response = self
+        let request = self
             .client
             .request(method, format!("{}{path}", self.base))
             .bearer_auth(TOKEN)
             .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
+            .body(body);
+        let answer = self.exchange(request).await;
+        (answer.status.as_u16(), answer.json())
     }
 
     /// A webhook created through the API; returns its id.
@@ -458,14 +455,14 @@ async fn arbitrary_form_posts_to_the_settings_pages_never_get_a_server_error() {
         if signed_in || target % 2 == 0 {
             request = request.header("cookie", &browser.cookie);
         }
-        let response = request.send().await.unwrap();
-        let status = response.status().as_u16();
-        let html = response
-            .headers()
+        let answer = admin.exchange(request).await;
+        let status = answer.status.as_u16();
+        let html = answer
+            .headers
             .get("content-type")
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/html"));
-        let text = response.text().await.unwrap_or_default();
+        let text = answer.text;
         *statuses
             .entry((path.rsplit('/').next().unwrap_or("").to_owned(), status))
             .or_insert(0) += 1;

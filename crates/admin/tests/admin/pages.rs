@@ -75,11 +75,11 @@ impl TestAdmin {
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Page {
-        let response = request.send().await.expect("calling admin");
+        let answer = self.exchange(request).await;
         Page {
-            status: response.status(),
-            headers: response.headers().clone(),
-            body: response.text().await.unwrap(),
+            status: answer.status,
+            headers: answer.headers,
+            body: answer.text,
         }
     }
 
@@ -137,9 +137,8 @@ impl TestAdmin {
         if let Some(body) = body {
             request = request.json(&body);
         }
-        let response = request.send().await.unwrap();
-        let status = response.status();
-        (status, response.json().await.unwrap_or(Value::Null))
+        let answer = self.exchange(request).await;
+        (answer.status, answer.json())
     }
 
     async fn create_webhook(&self, name: &str) -> Uuid {

@@ -1,7 +1,8 @@
 //! Admin keys, roles and the audit log: a role matrix read from the OpenAPI document (every
 //! operation with a key of every role, a revoked and an expired key; nothing changed by a
 //! refused request), the pages and the CLI under roles, a secret's reveal in the audit log
-//! without the secret, and every surface's changes there with their actor.
+//! without the secret, every surface's changes there with their actor, and the audit check
+//! every test's admin makes when it stops finding what it must.
 
 use diesel::sql_types::Text;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
@@ -12,6 +13,7 @@ use time::OffsetDateTime;
 use tocsin_domain::alerts::{AlertAction, AlertSignal};
 use tocsin_domain::{IncidentTitle, Role, Severity};
 use tocsin_storage::outbox;
+use tocsin_testkit::audit::AuditLedger;
 use tocsin_testkit::TestDb;
 use uuid::Uuid;
 
@@ -342,6 +344,61 @@ async fn a_revealed_secret_is_in_the_audit_log_as_a_reveal_never_as_the_secret()
     admin.stop().await;
 }
 
+/// Every test's admin holds the audit log to the test's changes when it stops (see
+/// `tocsin_testkit::audit`); that check finds a change without its entry, an entry without a
+/// change, and a secret in an entry.
+#[tokio::test]
+async fn the_audit_check_of_the_tests_finds_a_missing_entry_a_stray_one_and_a_secret() {
+    let admin = TestAdmin::start().await;
+    let ledger = AuditLedger::new(&admin.db.url, crate::api::ADMIN_TOKEN);
+    let request = admin
+        .client
+        .post(admin.url("/api/v1/webhooks"))
+        .bearer_auth(crate::api::ADMIN_TOKEN)
+        .json(&json!({
+            "name": "checked",
+            "url": "https://hooks.example.com/checked",
+            "events": ["incidents.opened"],
+        }))
+        .build()
+        .unwrap();
+    let created = ledger.exchange(&admin.client, request).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.text);
+    let secret = created.json()["secret"].as_str().unwrap().to_owned();
+    assert_eq!(ledger.verify(&admin.client, &admin.base).await, Ok(1));
+
+    let mut conn = admin.conn().await;
+    let rewrite = |sql: &'static str| diesel::sql_query(sql);
+    rewrite("UPDATE audit_log SET action = 'webhook.update'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let problems = ledger.verify(&admin.client, &admin.base).await.unwrap_err();
+    assert!(
+        problems.contains("no audit entry for Change { action: \"webhook.create\"")
+            && problems.contains("an audit entry for no change the test made"),
+        "{problems}"
+    );
+    rewrite("UPDATE audit_log SET action = 'webhook.create', after = jsonb_build_object('secret', $1::text)")
+        .bind::<Text, _>(&secret)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let problems = ledger.verify(&admin.client, &admin.base).await.unwrap_err();
+    assert!(
+        problems.contains("a secret is in the audit log"),
+        "{problems}"
+    );
+    assert!(!problems.contains(&secret), "the report does not show it");
+
+    // The admin's own ledger noted no change: leave it an empty log to check.
+    rewrite("DELETE FROM audit_log")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    admin.stop().await;
+}
+
 /// Signs in to the pages with `credential`; the session cookie and the CSRF token.
 async fn sign_in(admin: &TestAdmin, credential: &str) -> (String, String) {
     admin.sign_in(credential).await
@@ -349,13 +406,9 @@ async fn sign_in(admin: &TestAdmin, credential: &str) -> (String, String) {
 
 async fn page(admin: &TestAdmin, cookie: &str, path: &str) -> (StatusCode, String) {
     let answer = admin
-        .client
-        .get(admin.url(path))
-        .header(COOKIE, cookie)
-        .send()
-        .await
-        .unwrap();
-    (answer.status(), answer.text().await.unwrap())
+        .exchange(admin.client.get(admin.url(path)).header(COOKIE, cookie))
+        .await;
+    (answer.status, answer.text)
 }
 
 async fn form(
@@ -367,14 +420,15 @@ async fn form(
     let mut fields = fields.to_vec();
     fields.push(("csrf", csrf));
     admin
-        .client
-        .post(admin.url(path))
-        .header(COOKIE, cookie)
-        .form(&fields)
-        .send()
+        .exchange(
+            admin
+                .client
+                .post(admin.url(path))
+                .header(COOKIE, cookie)
+                .form(&fields),
+        )
         .await
-        .unwrap()
-        .status()
+        .status
 }
 
 #[tokio::test]
@@ -460,11 +514,8 @@ async fn the_pages_show_and_allow_only_what_the_role_allows_and_revocation_ends_
 }
 
 /// Runs the built binary with only `DATABASE_URL` and `USER`; (success, stdout, stderr).
-fn cli(database_url: &str, args: &[&str]) -> (bool, String, String) {
-    crate::binary::cli(
-        &[("DATABASE_URL", database_url), ("USER", "ops-person")],
-        args,
-    )
+fn cli(admin: &TestAdmin, args: &[&str]) -> (bool, String, String) {
+    admin.cli(&[("DATABASE_URL", &admin.db.url)], Some("ops-person"), args)
 }
 
 #[tokio::test]
@@ -494,7 +545,7 @@ async fn changes_through_the_api_the_pages_and_the_cli_are_in_the_audit_log_with
 
     // The CLI: a key issued, then revoked.
     let (ok, stdout, stderr) = cli(
-        &admin.db.url,
+        &admin,
         &[
             "key",
             "create",
@@ -506,7 +557,7 @@ async fn changes_through_the_api_the_pages_and_the_cli_are_in_the_audit_log_with
     );
     assert!(ok, "{stderr}");
     assert!(stdout.trim().starts_with("tak_"), "{stdout}");
-    let (ok, listed, stderr) = cli(&admin.db.url, &["key", "list"]);
+    let (ok, listed, stderr) = cli(&admin, &["key", "list"]);
     assert!(ok, "{stderr}");
     let cli_key: Uuid = listed
         .lines()
@@ -515,7 +566,7 @@ async fn changes_through_the_api_the_pages_and_the_cli_are_in_the_audit_log_with
         .unwrap()
         .parse()
         .unwrap();
-    let (ok, _, stderr) = cli(&admin.db.url, &["key", "revoke", &cli_key.to_string()]);
+    let (ok, _, stderr) = cli(&admin, &["key", "revoke", &cli_key.to_string()]);
     assert!(ok, "{stderr}");
 
     let (status, log) = admin.get("/api/v1/audit-log?limit=200").await;

@@ -74,6 +74,7 @@ async fn a_recovery_meeting_a_disabling_waits_for_it_and_refuses() {
     let since = rfc3339(OffsetDateTime::now_utc() - time::Duration::days(1));
     let path = format!("/api/v1/webhooks/{webhook}/recover");
     meeting_a_disabling(&admin, webhook, &path, &json!({"since": since})).await;
+    admin.stop().await;
 }
 
 /// A retry takes the webhook's row lock as recover does: one that meets a disabling under way
@@ -86,6 +87,7 @@ async fn a_retry_meeting_a_disabling_waits_for_it_and_refuses() {
     let delivery = seed_failed_delivery(&mut admin.conn().await, webhook).await;
     let path = format!("/api/v1/deliveries/{delivery}/retry");
     meeting_a_disabling(&admin, webhook, &path, &json!({})).await;
+    admin.stop().await;
 }
 
 /// Posts `body` to `path` while a disabling of `webhook` holds its row in an open transaction,
@@ -162,6 +164,7 @@ async fn recovery_works_through_a_backlog_in_pages() {
         .collect();
     assert_eq!((rows.len(), distinct.len()), (2500, 2500));
     assert_eq!(admin.count("deliveries WHERE manual_requested").await, 2500);
+    admin.stop().await;
 }
 
 #[tokio::test]
@@ -311,4 +314,5 @@ async fn a_replay_is_recorded_at_once_and_its_fields_are_checked() {
         )
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    admin.stop().await;
 }

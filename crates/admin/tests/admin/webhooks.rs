@@ -301,6 +301,7 @@ async fn a_change_whose_health_cannot_be_read_answers_an_error_and_changes_nothi
         .await;
     assert_eq!(status, StatusCode::OK, "{rotated}");
     assert_eq!(rotated["health"]["consecutive_failures"], 0);
+    admin.stop().await;
 }
 
 /// Filters, headers and a rate limit are set at creation, read back (header values masked),
@@ -527,4 +528,5 @@ async fn a_webhooks_ordering_is_set_read_and_checked() {
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"]["field"], "ordering", "{body}");
+    admin.stop().await;
 }

@@ -7,10 +7,13 @@
 //   RECEIVER_EMPTY_URL           a target that answers 200 with an empty body
 //   SCREENSHOT_DIR               where the screenshots go
 //   CHROMIUM                     the browser (default /usr/bin/chromium)
+//   AUDIT_FILE                   where to write the changes this file makes, with their actors,
+//                                and the secrets it saw: browser.rs holds the audit log to them
 // The steps run in order: each builds on the one before, as an operator's session would.
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
+import { writeFileSync } from "node:fs";
 import path from "node:path";
 import { chromium } from "playwright-core";
 
@@ -29,6 +32,7 @@ const RECEIVER_FAIL_URL = env("RECEIVER_FAIL_URL");
 const RECEIVER_EMPTY_URL = env("RECEIVER_EMPTY_URL");
 const SCREENSHOT_DIR = env("SCREENSHOT_DIR");
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
+const AUDIT_FILE = env("AUDIT_FILE");
 
 const DESKTOP = { width: 1280, height: 860 };
 const PHONE = { width: 375, height: 812 };
@@ -42,6 +46,15 @@ let page;
 const scriptErrors = [];
 /** The first step that failed: the later ones are skipped, as they build on it. */
 let broken = null;
+
+/** The actors of the changes below, as the audit log names them. */
+const ADMIN = { kind: "bootstrap", name: "bootstrap token (TOCSIN_ADMIN_TOKEN)" };
+const OPERATOR = { kind: "key", name: "On-call Olga" };
+/** Every change made here, and every secret shown: the audit log must hold the one, never the other. */
+const audit = { changes: [], secrets: [] };
+function changed(action, actor) {
+  audit.changes.push({ action, actor });
+}
 
 async function step(t, name, body) {
   const skip = broken ? `skipped after the failure of "${broken}"` : false;
@@ -79,6 +92,7 @@ before(async () => {
 
 after(async () => {
   await browser?.close();
+  writeFileSync(AUDIT_FILE, JSON.stringify(audit, null, 2));
 });
 
 async function screenshot(name, target = page) {
@@ -153,6 +167,8 @@ async function issueKey(name, role) {
   await page.getByRole("heading", { level: 1, name: "Admin key issued" }).waitFor();
   const key = await page.locator("#secret").inputValue();
   assert.match(key, /^tak_/);
+  changed("admin_key.create", ADMIN);
+  audit.secrets.push(key);
   return key;
 }
 
@@ -229,6 +245,8 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     await page.getByRole("heading", { level: 1, name: "Webhook created" }).waitFor();
     firstSecret = await page.locator("#secret").inputValue();
     assert.match(firstSecret, /^whsec_[A-Za-z0-9+/=]+$/);
+    changed("webhook.create", ADMIN);
+    audit.secrets.push(firstSecret);
     await page.getByRole("button", { name: "Copy" }).click();
     // The copy handler awaits the clipboard before it writes its status.
     await page.waitForFunction(() => document.getElementById("copy-status").textContent.trim() !== "");
@@ -249,6 +267,8 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     await page.getByLabel("Max attempts").fill("3");
     await page.getByRole("button", { name: "Create webhook" }).click();
     await page.getByRole("heading", { level: 1, name: "Webhook created" }).waitFor();
+    changed("webhook.create", ADMIN);
+    audit.secrets.push(await page.locator("#secret").inputValue());
   });
 
   await step(t, "an alert through ingest is delivered, and the log shows payload and response", async () => {
@@ -280,6 +300,7 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     await page.getByRole("button", { name: "Save changes" }).click();
     assert.equal(await text("[role=status].alert"), "Webhook saved.");
     assert.equal(await text(".details .url"), RECEIVER_FAIL_URL);
+    changed("webhook.update", ADMIN);
 
     await alert({ title: "Checkout latency above 2s", dedup_key: "checkout", status: "resolved" });
     const row = await reloadUntil(
@@ -339,6 +360,7 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     await page.locator('[data-attempt="6"][data-trigger="manual"]').waitFor();
     assert.equal(await page.evaluate(() => window.__sameDocument), true, "the page was not reloaded");
     assert.equal(await text("#retry-status"), "Attempt 6 (manual) failed with HTTP 500.");
+    changed("delivery.retry", OPERATOR);
     assert.equal(await text("[data-delivery-state]"), "Failed");
     assert.equal(await text("[data-attempts]"), "6 attempts: 5 automatic of at most 5, 1 manual");
     assert.equal(await edge(6), EDGE.failed);
@@ -355,9 +377,12 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     // The fixed target answers 200 with an empty body.
     await page.getByLabel("Target URL").fill(RECEIVER_EMPTY_URL);
     await page.getByRole("button", { name: "Save changes" }).click();
+    assert.equal(await text("[role=status].alert"), "Webhook saved.");
+    changed("webhook.update", ADMIN);
     await page.goto(failedDeliveryUrl);
     await page.getByRole("button", { name: "Retry" }).click();
     await page.locator('[data-attempt="7"][data-result="succeeded"]').waitFor();
+    changed("delivery.retry", ADMIN);
     assert.equal(await text("#retry-status"), "Attempt 7 (manual) succeeded with HTTP 200.");
     assert.equal(await text("[data-delivery-state]"), "Succeeded");
     // Each card's edge is its own result: the manual success green, the failures before it red.
@@ -385,6 +410,8 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     const secret = await page.locator("#secret").inputValue();
     assert.match(secret, /^whsec_/);
     assert.notEqual(secret, firstSecret);
+    changed("webhook.rotate_secret", ADMIN);
+    audit.secrets.push(secret);
     await page.getByText("The previous secret keeps signing beside it until").waitFor();
   });
 
@@ -398,6 +425,7 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     assert.equal(await resolved.getAttribute("data-status"), "resolved");
     await row.getByRole("button", { name: "Acknowledge Queue consumer stuck" }).click();
     assert.equal(await text("[role=status].alert"), "Incident acknowledged.");
+    changed("incident.change_status", ADMIN);
     const acknowledged = page.locator("tr", { hasText: "Queue consumer stuck" });
     assert.equal(await acknowledged.getAttribute("data-status"), "acknowledged");
     await screenshot("incidents");
@@ -420,6 +448,8 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     await page.getByLabel("Headers").fill("X-Team-Key: k1");
     await page.getByRole("button", { name: "Create webhook" }).click();
     await page.getByRole("heading", { level: 1, name: "Webhook created" }).waitFor();
+    changed("webhook.create", ADMIN);
+    audit.secrets.push(await page.locator("#secret").inputValue());
     await page.getByRole("link", { name: "Go to the webhook" }).click();
     await page.getByRole("heading", { level: 1, name: "DB pager" }).waitFor();
     const details = await text(".details");
@@ -441,13 +471,17 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     await openWebhook("DB pager");
     await page.getByRole("button", { name: "Disable" }).click();
     assert.match(await text("#disabled-reason"), /disabled by an operator/);
+    changed("webhook.update", ADMIN);
     await alert({ title: "Replica lag on db-2", dedup_key: "db-lag", severity: "critical", labels: { team: "db" } });
     const waiting = await reloadUntil('tr[data-state="waiting"]', "a waiting delivery");
     assert.match(await waiting.locator("[data-wait-reason]").textContent(), /webhook was disabled/);
     await screenshot("webhook-disabled");
     await page.getByRole("button", { name: "Enable" }).click();
+    await page.getByRole("button", { name: "Recover since…" }).waitFor();
+    changed("webhook.update", ADMIN);
     await page.getByRole("button", { name: "Recover since…" }).click();
     await reloadUntil('tr[data-state="succeeded"]', "the recovered delivery, succeeded");
+    changed("webhook.recover", ADMIN);
     await reloadUntil("#health-heading .health--healthy", "the health badge saying Healthy");
   });
 
@@ -480,6 +514,7 @@ test("the settings pages, from sign-in to deleting a webhook", async (t) => {
     });
     await page.getByRole("button", { name: "Delete" }).click();
     await page.waitForURL(/\/settings\/\?notice=deleted$/);
+    changed("webhook.delete", ADMIN);
     assert.match(asked, /Delete the webhook “Ops pager”\?/);
     assert.equal(await text("[role=status].alert"), "Webhook deleted. Its delivery log stays readable.");
     assert.equal(await page.getByRole("link", { name: WEBHOOK, exact: true }).count(), 0);

@@ -5,7 +5,9 @@
 //! through ingest, the delivery with its payload and response, a failing target, Retry (each
 //! attempt card drawn by its own result, the attempts line, an empty answer's "empty body"),
 //! rotation, incidents, deletion — taking the screenshots of docs/ on the way (into
-//! `SCREENSHOT_DIR` when set).
+//! `SCREENSHOT_DIR` when set). The spec writes down each change it makes, with its actor, and
+//! each secret it was shown; admin's audit log must hold exactly those changes, and none of the
+//! secrets.
 //!
 //! Needs `node`, `/usr/bin/chromium` and `npm ci` in `crates/e2e/tests/browser`:
 //! `deploy/local/test` installs them. Missing, the test fails rather than skips.
@@ -14,7 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use serde_json::Value;
 use tocsin_e2e::{System, ADMIN_TOKEN};
+use tocsin_testkit::audit::{Actor, Change};
 use tocsin_testkit::{Behavior, Receiver};
 
 /// The retry schedule of the run: five attempts, 200 ms apart.
@@ -75,6 +79,8 @@ async fn the_settings_pages_work_in_a_real_browser() {
     receiver.set_path_behavior("/fail", Behavior::Status(500));
     receiver.set_path_behavior("/empty", Behavior::Body(200, 0));
 
+    let audit_file = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("browser-audit-{}.json", system.prefix.prefix));
     let mut node = tokio::process::Command::new("node");
     node.current_dir(&root)
         .args([
@@ -91,6 +97,7 @@ async fn the_settings_pages_work_in_a_real_browser() {
         .env("RECEIVER_EMPTY_URL", receiver.url("/empty"))
         .env("SCREENSHOT_DIR", &screenshots)
         .env("CHROMIUM", CHROMIUM)
+        .env("AUDIT_FILE", &audit_file)
         .stdin(Stdio::null())
         .kill_on_drop(true);
     let output = tokio::time::timeout(DEADLINE, node.output())
@@ -105,5 +112,31 @@ async fn the_settings_pages_work_in_a_real_browser() {
         output.status
     );
     println!("screenshots in {}", screenshots.display());
+    expect_the_changes_of_the_spec(&system, &audit_file);
     system.stop().await;
+}
+
+/// Notes in the system's audit ledger the changes the spec wrote down (each through the pages,
+/// by the actor it names) and the secrets it was shown.
+fn expect_the_changes_of_the_spec(system: &System, file: &Path) {
+    let text = std::fs::read_to_string(file).expect("the spec's list of changes");
+    let _ = std::fs::remove_file(file);
+    let audit: Value = serde_json::from_str(&text).expect("the spec's list of changes as JSON");
+    let changes = audit["changes"].as_array().expect("changes");
+    assert!(changes.len() >= 10, "the spec made its changes: {text}");
+    for change in changes {
+        let actor = &change["actor"];
+        let actor = Actor {
+            kind: actor["kind"].as_str().expect("an actor kind").to_owned(),
+            name: actor["name"].as_str().expect("an actor name").to_owned(),
+            id: None,
+        };
+        let action = change["action"].as_str().expect("an action");
+        system
+            .ledger
+            .expect(Change::new(action, None, "pages", actor));
+    }
+    for secret in audit["secrets"].as_array().expect("secrets") {
+        system.ledger.secret(secret.as_str().expect("a secret"));
+    }
 }

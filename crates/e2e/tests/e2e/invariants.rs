@@ -27,12 +27,14 @@
 //! `TOCSIN_BIN_DIR`, so the same test can be run against another build.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use diesel::sql_types::{Bool, Int4, Nullable, Text, Uuid as SqlUuid};
 use diesel::QueryableByName;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use serde_json::{json, Value};
+use tocsin_testkit::audit::AuditLedger;
 use tocsin_testkit::{
     amqp_url, binary, free_port, wait_until, within, Behavior, Receiver, ServiceProcess, TestDb,
     TestPrefix,
@@ -174,6 +176,8 @@ struct System {
     _prefix: TestPrefix,
     env: Vec<(&'static str, String)>,
     client: reqwest::Client,
+    /// The changes made through admin, held to its audit log when the system stops.
+    ledger: Arc<AuditLedger>,
     admin_port: u16,
     ingest_port: u16,
     token: String,
@@ -217,6 +221,7 @@ impl System {
         let admin_port = free_port();
         let ingest_port = free_port();
         let mut system = System {
+            ledger: Arc::new(AuditLedger::new(&db.url, ADMIN_TOKEN)),
             db,
             _prefix: prefix,
             env,
@@ -330,14 +335,17 @@ impl System {
             Some(body) => request.json(&body),
             None => request,
         };
-        let answer = request.send().await.expect("the admin API answers");
-        let status = answer.status();
-        let text = answer.text().await.unwrap_or_default();
+        let answer = self
+            .ledger
+            .exchange(&self.client, request.build().unwrap())
+            .await;
         assert!(
-            status.is_success() || status.as_u16() == 409,
-            "{method} {path}: {status} {text}"
+            answer.status.is_success() || answer.status.as_u16() == 409,
+            "{method} {path}: {} {}",
+            answer.status,
+            answer.text
         );
-        serde_json::from_str(&text).unwrap_or(Value::Null)
+        answer.json()
     }
 
     /// Enables or disables a webhook through the admin API. Enabled again, it is recovered:
@@ -372,17 +380,16 @@ impl System {
     /// An operator pressing retry on delivery `id`: accepted, or refused as the delivery or its
     /// webhook no longer allows it.
     fn retry(&self, id: String) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let (client, port) = (self.client.clone(), self.admin_port);
+        let (client, port, ledger) = (self.client.clone(), self.admin_port, self.ledger.clone());
         async move {
-            let answer = client
+            let request = client
                 .post(format!(
                     "http://127.0.0.1:{port}/api/v1/deliveries/{id}/retry"
                 ))
                 .bearer_auth(ADMIN_TOKEN)
-                .send()
-                .await
-                .expect("the admin API answers");
-            let status = answer.status().as_u16();
+                .build()
+                .unwrap();
+            let status = ledger.exchange(&client, request).await.status.as_u16();
             assert!(status == 202 || status == 409, "retry answered {status}");
         }
     }
@@ -438,7 +445,13 @@ impl System {
         AsyncPgConnection::establish(&self.db.url).await.unwrap()
     }
 
+    /// Holds admin's audit log to the run's changes (unless the services are another build's,
+    /// `TOCSIN_BIN_DIR`), then stops every process.
     async fn stop(mut self) {
+        if std::env::var("TOCSIN_BIN_DIR").is_err() {
+            let base = format!("http://127.0.0.1:{}", self.admin_port);
+            self.ledger.check(&self.client, &base).await;
+        }
         for (process, _) in self.dispatchers.iter_mut().flatten() {
             process.terminate();
         }

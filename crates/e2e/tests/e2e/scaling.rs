@@ -13,6 +13,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use tocsin_testkit::audit::AuditLedger;
 use tocsin_testkit::{
     amqp_url, binary, free_port, wait_for, wait_until, Receiver, ServiceProcess, TestDb,
     TestPrefix, FAST_RETRY_DELAYS,
@@ -167,27 +168,27 @@ async fn two_dispatchers_share_the_deliveries() {
         .await;
     }
 
-    // An inbound token and a webhook, through the admin API.
+    // An inbound token and a webhook, through the admin API (held to its audit log below).
+    let admin_base = format!("http://127.0.0.1:{admin_port}");
+    let ledger = AuditLedger::new(&db.url, ADMIN_TOKEN);
     let admin_api = |path: &str, body: Value| {
-        client
-            .post(format!("http://127.0.0.1:{admin_port}{path}"))
+        let request = client
+            .post(format!("{admin_base}{path}"))
             .bearer_auth(ADMIN_TOKEN)
             .json(&body)
-            .send()
+            .build()
+            .unwrap();
+        ledger.exchange(&client, request)
     };
-    let token = admin_api("/api/v1/tokens", json!({"name": "scaling"}))
-        .await
-        .unwrap();
-    assert_eq!(token.status(), 201);
-    let token: Value = token.json().await.unwrap();
-    let token = token["token"].as_str().unwrap().to_owned();
+    let token = admin_api("/api/v1/tokens", json!({"name": "scaling"})).await;
+    assert_eq!(token.status, 201);
+    let token = token.json()["token"].as_str().unwrap().to_owned();
     let webhook = admin_api(
         "/api/v1/webhooks",
         json!({"name": "scaling", "url": receiver.url("/scale"), "events": ["incidents.opened"]}),
     )
-    .await
-    .unwrap();
-    assert_eq!(webhook.status(), 201);
+    .await;
+    assert_eq!(webhook.status, 201);
 
     // A few hundred alerts, each a new incident, from a few concurrent senders.
     let mut senders = tokio::task::JoinSet::new();
@@ -264,6 +265,7 @@ async fn two_dispatchers_share_the_deliveries() {
     assert_eq!(sum(|w| w.succeeded), ALERTS as u64, "{per_dispatcher:?}");
     assert_eq!(sum(|w| w.first), ALERTS as u64, "{per_dispatcher:?}");
     assert!(sum(|w| w.attempts) >= ALERTS as u64, "{per_dispatcher:?}");
+    ledger.check(&client, &admin_base).await;
 
     // They all stop cleanly.
     for process in dispatchers.iter_mut().chain([&mut ingest, &mut admin]) {

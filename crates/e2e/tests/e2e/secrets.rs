@@ -25,6 +25,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tocsin_domain::signing;
 use tocsin_domain::{AccessToken, WebhookSecret};
+use tocsin_testkit::audit::{Actor, AuditLedger, Change};
 use tocsin_testkit::{
     amqp_url, binary, free_port, wait_for, wait_ready, Behavior, Receiver, ServiceProcess, TestDb,
     TestPrefix,
@@ -53,6 +54,8 @@ struct System {
     admin: u16,
     _processes: Vec<ServiceProcess>,
     client: reqwest::Client,
+    /// The changes made through admin, held to its audit log at the end.
+    ledger: AuditLedger,
     /// Every answer of a refused request, for the secrets check.
     error_bodies: Vec<(String, String)>,
 }
@@ -113,6 +116,7 @@ impl System {
             wait_ready(port, DEADLINE).await;
         }
         System {
+            ledger: AuditLedger::new(&db.url, &admin_token),
             db,
             _prefix: prefix,
             logs,
@@ -130,11 +134,20 @@ impl System {
     }
 
     /// Sends `request`; keeps the body of a refusal; returns the status and the body text.
+    /// Requests to admin go through the audit ledger.
     async fn send(&mut self, what: &str, request: reqwest::RequestBuilder) -> (StatusCode, String) {
-        let response = request.send().await.expect("calling a service");
-        let status = response.status();
-        let headers = format!("{:?}", response.headers());
-        let text = response.text().await.unwrap_or_default();
+        let request = request.build().expect("a request");
+        let (status, headers, text) = if request.url().port() == Some(self.admin) {
+            let answer = self.ledger.exchange(&self.client, request).await;
+            (answer.status, format!("{:?}", answer.headers), answer.text)
+        } else {
+            let response = reqwest::Client::execute(&self.client, request)
+                .await
+                .expect("calling a service");
+            let status = response.status();
+            let headers = format!("{:?}", response.headers());
+            (status, headers, response.text().await.unwrap_or_default())
+        };
         if status.is_client_error() || status.is_server_error() {
             self.error_bodies.push((
                 format!("the {status} answer to {what}"),
@@ -323,6 +336,10 @@ async fn no_secret_or_token_appears_in_logs_metrics_error_bodies_or_the_database
         "{cli_token:?}"
     );
     std::fs::write(system.logs.join("admin-token-cli.stderr"), &cli.stderr).unwrap();
+    system
+        .ledger
+        .expect(Change::new("token.create", None, "cli", Actor::cli(None)));
+    system.ledger.secret(&cli_token);
     for (owner, token) in [
         ("the API's inbound token", &api_token),
         ("the CLI's inbound token", &cli_token),
@@ -619,5 +636,7 @@ async fn no_secret_or_token_appears_in_logs_metrics_error_bodies_or_the_database
         system.error_bodies.len(),
         tables.len()
     );
+    let base = format!("http://127.0.0.1:{}", system.admin);
+    system.ledger.check(&system.client, &base).await;
     let _ = std::fs::remove_dir_all(&system.logs);
 }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use tocsin_testkit::audit::AuditLedger;
 use tocsin_testkit::{
     amqp_url, binary, free_port, wait_for, wait_ready, Behavior, Receiver, ServiceProcess, TestDb,
     TestPrefix,
@@ -24,6 +25,8 @@ struct Services {
     admin: u16,
     ingest: u16,
     client: reqwest::Client,
+    /// The changes made through [`Services::api`], held to admin's audit log at the end.
+    ledger: AuditLedger,
     _processes: Vec<ServiceProcess>,
 }
 
@@ -42,13 +45,12 @@ impl Services {
         if let Some(body) = body {
             request = request.json(&body);
         }
-        let response = request.send().await.unwrap();
-        assert!(
-            response.status().is_success(),
-            "{path}: {}",
-            response.status()
-        );
-        response.json().await.unwrap()
+        let answer = self
+            .ledger
+            .exchange(&self.client, request.build().unwrap())
+            .await;
+        assert!(answer.status.is_success(), "{path}: {}", answer.status);
+        answer.json()
     }
 
     /// Delivery id → (state, attempts logged).
@@ -109,6 +111,7 @@ async fn sigterm_finishes_and_logs_the_attempts_in_flight_and_loses_nothing() {
         admin: free_port(),
         ingest: free_port(),
         client: reqwest::Client::new(),
+        ledger: AuditLedger::new(&db.url, ADMIN_TOKEN),
         _processes: Vec::new(),
     };
     let admin = services.spawn(
@@ -220,6 +223,8 @@ async fn sigterm_finishes_and_logs_the_attempts_in_flight_and_loses_nothing() {
     );
     assert_eq!(requests.len(), ALERTS, "every delivery reached the target");
     assert_eq!(unlogged, 0, "every request is in the log");
+    let base = format!("http://127.0.0.1:{}", services.admin);
+    services.ledger.check(&services.client, &base).await;
     drop(second);
     let _ = std::fs::remove_dir_all(&logs);
 }

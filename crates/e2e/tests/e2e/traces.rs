@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use serde_json::{json, Value};
+use tocsin_testkit::audit::AuditLedger;
 use tocsin_testkit::{
     amqp_url, binary, free_port, wait_for, wait_ready, Behavior, Receiver, ServiceProcess, TestDb,
     TestPrefix,
@@ -190,17 +191,16 @@ async fn one_trace_runs_from_the_ingest_request_to_every_delivery_attempt() {
         wait_ready(port, DEADLINE).await;
     }
     let client = reqwest::Client::new();
-    let created: Value = client
-        .post(format!("http://127.0.0.1:{admin}/api/v1/webhooks"))
+    let admin_base = format!("http://127.0.0.1:{admin}");
+    let ledger = AuditLedger::new(&db.url, ADMIN_TOKEN);
+    let request = client
+        .post(format!("{admin_base}/api/v1/webhooks"))
         .bearer_auth(ADMIN_TOKEN)
         .json(&json!({"name": "traced", "url": target.url("/hook"),
             "events": ["incidents.opened"], "retry": {"max_attempts": 2, "timeout_ms": 2000}}))
-        .send()
-        .await
-        .expect("creating the webhook")
-        .json()
-        .await
-        .expect("the created webhook");
+        .build()
+        .unwrap();
+    let created = ledger.exchange(&client, request).await.json();
     let webhook_id = created["id"].as_str().expect("a webhook id").to_owned();
 
     let accepted = client
@@ -309,6 +309,7 @@ async fn one_trace_runs_from_the_ingest_request_to_every_delivery_attempt() {
             "periodic passes are not exported: {span:?}"
         );
     }
+    ledger.check(&client, &admin_base).await;
 }
 
 /// `http/protobuf` by default; the spans still queued when a service stops go out then.
