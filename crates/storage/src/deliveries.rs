@@ -129,10 +129,13 @@ pub async fn wait(
 ) -> Result<Vec<bool>, DbError> {
     let ids: Vec<Uuid> = due.iter().map(|d| d.delivery_id).collect();
     let expected: Vec<i32> = due.iter().map(|d| d.auto_attempts).collect();
+    let (low, high) = id_bounds(&ids);
     let moved: Vec<Uuid> = Statement::new(include_str!("sql/wait.sql"))
         .bind::<Array<SqlUuid>, _>(&ids)
         .bind::<Array<Int4>, _>(&expected)
         .bind::<Text, _>(reason.as_str())
+        .bind::<SqlUuid, _>(low)
+        .bind::<SqlUuid, _>(high)
         .load::<IdRow>(conn)
         .await?
         .into_iter()
@@ -186,9 +189,12 @@ pub async fn stop(
     ids: &[Uuid],
     schedule_attempts: u8,
 ) -> Result<Vec<Uuid>, DbError> {
+    let (low, high) = id_bounds(ids);
     Ok(Statement::new(include_str!("sql/stop.sql"))
         .bind::<Array<SqlUuid>, _>(ids)
         .bind::<Int4, _>(i32::from(schedule_attempts))
+        .bind::<SqlUuid, _>(low)
+        .bind::<SqlUuid, _>(high)
         .load::<IdRow>(conn)
         .await?
         .into_iter()
@@ -254,6 +260,15 @@ pub async fn interrupted(
         .bind::<BigInt, _>(limit)
         .load(conn)
         .await?)
+}
+
+/// The least and the greatest of `ids` (nil for none), bounding a statement's reads by id so
+/// that PostgreSQL reads only the day partitions between them: an `= ANY` of an array, or a join
+/// on one, prunes no partition.
+pub(crate) fn id_bounds(ids: &[Uuid]) -> (Uuid, Uuid) {
+    let low = ids.iter().min().copied().unwrap_or_default();
+    let high = ids.iter().max().copied().unwrap_or_default();
+    (low, high)
 }
 
 pub(crate) fn millis(d: Duration) -> i64 {

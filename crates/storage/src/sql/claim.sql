@@ -36,12 +36,18 @@
 --
 -- The guards read the delivery rows as locked (their latest versions), never an older
 -- snapshot of them.
+--
+-- $7 and $8 are the least and the greatest of the ids: every read of a delivery by id is bounded
+-- by them, so that PostgreSQL reads only the day partitions between them (`partitions.rs`); an
+-- `= ANY` of an array, or a join on one, prunes none, and probes every day's index.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::int4[]) AS v(id, trigger, auto_attempts)
 ), locked AS (
     SELECT d.id, d.webhook_id, d.state, d.attempting_until, d.auto_attempts, d.next_attempt_at,
         d.manual_requested, d.event_id, d.incident_id
-    FROM deliveries d JOIN input v ON v.id = d.id ORDER BY d.id FOR UPDATE OF d
+    FROM deliveries d JOIN input v ON v.id = d.id
+    WHERE d.id BETWEEN $7 AND $8
+    ORDER BY d.id FOR UPDATE OF d
 ), admissible AS (
     SELECT l.id, l.webhook_id, l.event_id, l.incident_id, v.trigger, w.timeout_ms, w.ordering,
         w.rate_limit_per_second AS rate_limit
@@ -94,7 +100,7 @@ WITH input AS (
         next_attempt_at = CASE WHEN j.behind THEN d.next_attempt_at ELSE j.slot - j.burst END,
         updated_at = now()
     FROM judged j
-    WHERE d.id = j.id AND NOT j.admitted
+    WHERE d.id = j.id AND NOT j.admitted AND d.id BETWEEN $7 AND $8
 ), claimed AS (
     UPDATE deliveries AS d SET
         attempt_count = d.attempt_count + 1,
@@ -112,7 +118,7 @@ WITH input AS (
         manual_requested = d.manual_requested AND j.trigger <> 'manual',
         updated_at = now()
     FROM judged j
-    WHERE d.id = j.id AND j.admitted
+    WHERE d.id = j.id AND j.admitted AND d.id BETWEEN $7 AND $8
     RETURNING d.*
 ), logged AS (
     INSERT INTO attempts (delivery_id, number, trigger, started_at, request_headers)

@@ -4,7 +4,9 @@
 -- transition is allowed: to `succeeded` from any state but `succeeded`; to `retrying` or
 -- `failed` (a failed automatic attempt) only while the delivery is unfinished and this is its
 -- latest automatic attempt. A `retrying` delivery's next attempt is due $5 ms from now. The
--- lease of an automatic attempt ends with it. Rows are locked in id order.
+-- lease of an automatic attempt ends with it. Rows are locked in id order. $14 and $15 are the
+-- least and the greatest of the ids: reads by id are bounded by them, so that only the day
+-- partitions between them are read (see `claim.sql`).
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::int4[], $3::int4[], $4::text[], $5::int8[],
             $6::bool[], $7::int4[], $8::int4[], $9::text[], $10::text[], $11::jsonb[],
@@ -25,6 +27,7 @@ WITH input AS (
     -- Found by key; `IS TRUE` keeps the planner off the partial index `attempts_under_way`
     -- (see `SESSION_SETTINGS`).
     WHERE a.delivery_id = v.id AND a.number = v.number AND (a.success IS NULL) IS TRUE
+        AND a.delivery_id BETWEEN $14 AND $15
     RETURNING a.delivery_id
 ), judged AS (
     SELECT d.id, v.to_state, v.delay_ms, v.auto_attempts,
@@ -38,6 +41,7 @@ WITH input AS (
         END AS allowed,
         v.auto_attempts IS NOT NULL AND d.auto_attempts = v.auto_attempts AS ends_lease
     FROM deliveries d JOIN input v ON v.id = d.id JOIN done x ON x.delivery_id = d.id
+    WHERE d.id BETWEEN $14 AND $15
     ORDER BY d.id
     FOR UPDATE OF d
 ), moved AS (
@@ -53,7 +57,7 @@ WITH input AS (
         attempting_until = CASE WHEN j.ends_lease THEN NULL ELSE d.attempting_until END,
         updated_at = now()
     FROM judged j
-    WHERE d.id = j.id AND (j.allowed OR j.ends_lease)
+    WHERE d.id = j.id AND (j.allowed OR j.ends_lease) AND d.id BETWEEN $14 AND $15
     RETURNING d.id, d.state, d.next_attempt_at, j.allowed
 )
 SELECT x.delivery_id AS id, m.state, m.next_attempt_at, coalesce(m.allowed, false) AS moved

@@ -7,6 +7,8 @@ UPDATE deliveries d SET
     state = 'failed', wait_reason = NULL, next_attempt_at = NULL, updated_at = now()
 FROM webhooks w
 WHERE d.id = ANY($1) AND w.id = d.webhook_id
+    -- The least and the greatest id: only their day partitions are read (see `claim.sql`).
+    AND d.id BETWEEN $3 AND $4
     AND d.state IN ('pending', 'waiting', 'retrying')
     AND d.attempting_until IS NULL
     AND (w.deleted_at IS NOT NULL

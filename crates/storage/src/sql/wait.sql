@@ -5,5 +5,7 @@ FROM unnest($1::uuid[], $2::int4[]) AS v(id, auto_attempts)
 -- Found by key; `IS TRUE` keeps the planner off the partial index `deliveries_due` (see
 -- `SESSION_SETTINGS`).
 WHERE d.id = v.id AND (d.state IN ('pending', 'retrying')) IS TRUE
+    -- The least and the greatest id: only their day partitions are read (see `claim.sql`).
+    AND d.id BETWEEN $4 AND $5
     AND d.auto_attempts = v.auto_attempts AND d.attempting_until IS NULL
 RETURNING d.id
