@@ -25,6 +25,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let common = &config.common;
     let foundation = common.foundation("ingest").await?;
     let relay = common.outbox_relay(&foundation, config.outbox_poll)?;
+    // Connections open and the statement that opens incidents planned before the first alert.
+    tocsin_storage::warm(&foundation.pool, |conn| {
+        Box::pin(tocsin_storage::incidents::prepare(conn))
+    })
+    .await;
     let state = web::Data::new(IngestState {
         batched: Batched::start(&foundation.pool, relay.waker()),
         tokens: TokenCache::new(token_cache::FRESH_FOR),

@@ -14,7 +14,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::deliveries::{millis, Delivery, DeliveryRow};
+use crate::deliveries::{id_bounds, millis, Delivery, DeliveryRow};
 use crate::statement::Statement;
 use crate::webhooks::{Webhook, WebhookRow};
 use crate::DbError;
@@ -119,6 +119,14 @@ pub async fn claim(
     .await
 }
 
+/// Prepares the claim and outcome statements on `conn` (executed with no delivery: they change
+/// nothing); see [`crate::warm`].
+pub async fn prepare(conn: &mut AsyncPgConnection, rules: ClaimRules) -> Result<(), DbError> {
+    claim_round(conn, &[], rules).await?;
+    complete_round(conn, &[]).await?;
+    Ok(())
+}
+
 async fn claim_round(
     conn: &mut AsyncPgConnection,
     round: &[Claim],
@@ -127,6 +135,7 @@ async fn claim_round(
     let ids: Vec<Uuid> = round.iter().map(|c| c.delivery_id).collect();
     let triggers: Vec<&str> = round.iter().map(|c| c.trigger.as_str()).collect();
     let expected: Vec<i32> = round.iter().map(|c| c.auto_attempts).collect();
+    let (low, high) = id_bounds(&ids);
     let claimed: Vec<JobRow> = Statement::new(include_str!("sql/claim.sql"))
         .bind::<Array<SqlUuid>, _>(&ids)
         .bind::<Array<Text>, _>(&triggers)
@@ -134,6 +143,8 @@ async fn claim_round(
         .bind::<BigInt, _>(millis(rules.lease_margin))
         .bind::<Int4, _>(i32::from(rules.schedule_attempts))
         .bind::<BigInt, _>(millis(rules.early))
+        .bind::<SqlUuid, _>(low)
+        .bind::<SqlUuid, _>(high)
         .load(conn)
         .await?;
     let mut jobs = HashMap::with_capacity(claimed.len());
@@ -287,6 +298,7 @@ async fn complete_round(
     let headers: Vec<&serde_json::Value> = results.iter().map(|r| &r.request_headers).collect();
     let bodies: Vec<Option<&str>> = results.iter().map(|r| r.response_body.as_deref()).collect();
     let truncated: Vec<bool> = results.iter().map(|r| r.response_truncated).collect();
+    let (low, high) = id_bounds(&ids);
     let rows: Vec<CompletedRow> = Statement::new(include_str!("sql/complete.sql"))
         .bind::<Array<SqlUuid>, _>(&ids)
         .bind::<Array<Int4>, _>(&numbers)
@@ -301,6 +313,8 @@ async fn complete_round(
         .bind::<Array<Jsonb>, _>(&headers)
         .bind::<Array<Nullable<Text>>, _>(&bodies)
         .bind::<Array<Bool>, _>(&truncated)
+        .bind::<SqlUuid, _>(low)
+        .bind::<SqlUuid, _>(high)
         .load(conn)
         .await?;
     let mut by_id: HashMap<Uuid, Completed> = HashMap::with_capacity(rows.len());

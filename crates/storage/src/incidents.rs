@@ -262,6 +262,14 @@ fn truncate_to_micros(at: OffsetDateTime) -> OffsetDateTime {
 /// tokens too, and applies nothing of a body whose token is not live. Any other batch gives
 /// `None`, and is applied signal by signal in one transaction, where the order of signals for
 /// one key matters.
+/// Prepares the statement that opens a batch of incidents on `conn` (executed with no alert: it
+/// changes nothing); see [`crate::warm`].
+pub async fn prepare(conn: &mut AsyncPgConnection) -> Result<(), DbError> {
+    let now = truncate_to_micros(OffsetDateTime::now_utc());
+    open_all(conn, &[], now, &Wake::Listeners).await?;
+    Ok(())
+}
+
 async fn open_all(
     conn: &mut AsyncPgConnection,
     bodies: &[AlertBody],

@@ -362,6 +362,10 @@ impl Page {
 /// caller already retries or answers with 503.
 ///
 /// Each connection plans its prepared statements once and for index scans ([`SESSION_SETTINGS`]).
+///
+/// The connection returned last is handed out first (`QueueMode::Lifo`): at a low rate the same
+/// few connections serve one statement after another, their PostgreSQL backends awake and
+/// their statements prepared, while the rest of the pool stays idle until the load needs it.
 pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<DbPool> {
     let mut config = ManagerConfig::default();
     config.recycling_method = RecyclingMethod::Fast;
@@ -370,12 +374,46 @@ pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<DbPool> {
         AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(database_url, config);
     Pool::builder(manager)
         .max_size(max_size)
+        .queue_mode(deadpool::managed::QueueMode::Lifo)
         .wait_timeout(Some(Duration::from_secs(5)))
         .create_timeout(Some(Duration::from_secs(5)))
         .recycle_timeout(Some(Duration::from_secs(5)))
         .runtime(deadpool::Runtime::Tokio1)
         .build()
         .context("building the PostgreSQL pool")
+}
+
+/// Connections a service opens and prepares before it reports ready ([`warm`]): as many as the
+/// hot path uses at a low rate.
+pub const WARM_CONNECTIONS: usize = 4;
+
+/// Opens up to [`WARM_CONNECTIONS`] of the pool's connections (fewer when the pool is smaller)
+/// and runs `prepare` on each, which executes the service's hot statements with empty input: the
+/// first alerts after a start then find connections open and their statements planned, instead
+/// of paying a connection and a plan (up to 11 ms for the fan-out) on their way. A failure is
+/// logged and the start goes on: the pool opens connections on demand all the same.
+pub async fn warm<F>(pool: &DbPool, prepare: F)
+where
+    F: for<'c> Fn(&'c mut AsyncPgConnection) -> futures::future::BoxFuture<'c, Result<(), DbError>>,
+{
+    let count = WARM_CONNECTIONS.min(pool.status().max_size);
+    let mut held = Vec::with_capacity(count);
+    // Held until all are open, so that each is a connection of its own.
+    for _ in 0..count {
+        match pool.get().await {
+            Ok(conn) => held.push(conn),
+            Err(error) => {
+                tracing::warn!(error = %error, "warming the pool: no connection");
+                return;
+            }
+        }
+    }
+    for conn in &mut held {
+        if let Err(error) = prepare(&mut **conn).await {
+            tracing::warn!(error = %format!("{error:#}"), "warming the pool: a statement failed");
+            return;
+        }
+    }
 }
 
 /// How the services' connections plan their statements.
