@@ -13,7 +13,7 @@ use std::time::Duration;
 use tocsin_domain::delivery::{AttemptError, DeliveryState, Transition, Trigger};
 use tocsin_storage::attempts::{AttemptResult, Completion};
 use tocsin_storage::deliveries::{self, Due};
-use tocsin_storage::DbError;
+use tocsin_storage::{partitions, DbError};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, LEASE_MARGIN};
@@ -164,7 +164,13 @@ async fn record_interrupted(ctx: &Context) -> anyhow::Result<usize> {
     Ok(recorded)
 }
 
-/// Prunes old data every `interval`, logging what it removed.
+/// How often a dispatcher that does not prune (`TOCSIN_PRUNE_INTERVAL=0s`) still makes the day
+/// partitions ahead: with no dispatcher pruning and none restarted for a week, ingest would
+/// otherwise meet a day with no partition for its events.
+const PARTITIONS_AHEAD_EVERY: Duration = Duration::from_secs(3600);
+
+/// Prunes old data every `interval`, logging what it removed; with pruning off, makes the day
+/// partitions ahead every hour instead.
 #[tracing::instrument(skip_all)]
 pub(crate) async fn prune(
     ctx: Arc<Context>,
@@ -172,23 +178,33 @@ pub(crate) async fn prune(
     retention: Duration,
     cancel: CancellationToken,
 ) {
-    if interval.is_zero() {
-        return;
-    }
+    let every = if interval.is_zero() {
+        PARTITIONS_AHEAD_EVERY
+    } else {
+        interval
+    };
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::time::sleep(every) => {}
         }
         let now = time::OffsetDateTime::now_utc();
+        let mut conn = match ctx.pool.get().await {
+            Ok(conn) => conn,
+            Err(error) => {
+                tracing::warn!(error = %DbError::from(error), "pruning failed; will retry");
+                continue;
+            }
+        };
+        if interval.is_zero() {
+            if let Err(error) = partitions::create_ahead(&mut conn, now.date()).await {
+                tracing::warn!(%error, "making the partitions ahead failed; will retry");
+            }
+            continue;
+        }
         let keep = time::Duration::try_from(retention).unwrap_or(time::Duration::days(30));
         let outbox_keep = keep.min(time::Duration::DAY);
-        let result = async {
-            let mut conn = ctx.pool.get().await.map_err(DbError::from)?;
-            tocsin_storage::retention::prune(&mut conn, now - keep, now - outbox_keep).await
-        }
-        .await;
-        match result {
+        match tocsin_storage::retention::prune(&mut conn, now - keep, now - outbox_keep).await {
             Ok(pruned) => tracing::info!(?pruned, "pruned data past retention"),
             Err(error) => tracing::warn!(%error, "pruning failed; will retry"),
         }
