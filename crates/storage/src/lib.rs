@@ -409,7 +409,7 @@ where
         }
     }
     for conn in &mut held {
-        if let Err(error) = prepare(&mut **conn).await {
+        if let Err(error) = prepare(conn).await {
             tracing::warn!(error = %format!("{error:#}"), "warming the pool: a statement failed");
             return;
         }
