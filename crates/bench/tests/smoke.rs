@@ -2,6 +2,7 @@
 //! that the tool cannot rot. No timing assertions: only that nothing is lost and the reports
 //! make sense.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use tocsin_bench::{
     Target,
 };
 use tocsin_e2e::{System, ADMIN_TOKEN};
+use tocsin_testkit::audit::{Actor, Change};
 
 fn closed(alerts: usize, concurrency: usize) -> LoadConfig {
     LoadConfig {
@@ -184,5 +186,32 @@ async fn every_scenario_runs_against_a_real_system() {
 
     let _ = std::fs::remove_dir_all(&dir);
     drop(bench);
+    expect_the_benchs_changes(&system).await;
     system.stop().await;
+}
+
+/// The bench is a client of its own, outside the test's audit ledger: its changes are its inbound
+/// token and webhooks, made (and the webhooks deleted again) with the bootstrap token through the
+/// API.
+/// Each is noted in the ledger, which [`System::stop`] then holds to the log (with no secret in
+/// it).
+async fn expect_the_benchs_changes(system: &System) {
+    let entries = system.ledger.entries(&system.client, &system.admin).await;
+    let mut made = BTreeSet::new();
+    let mut deleted = BTreeSet::new();
+    for entry in &entries {
+        let action = entry["action"].as_str().unwrap_or_default();
+        let id = entry["resource_id"].as_str().unwrap_or_default().to_owned();
+        match action {
+            "webhook.create" => made.insert(id.clone()),
+            "webhook.delete" => deleted.insert(id.clone()),
+            "token.create" => true,
+            _ => panic!("the bench made a change other than a webhook's: {entry}"),
+        };
+        system
+            .ledger
+            .expect(Change::new(action, Some(id), "api", Actor::bootstrap()));
+    }
+    assert!(!made.is_empty(), "the bench made no webhook");
+    assert_eq!(made, deleted, "the bench left webhooks behind");
 }

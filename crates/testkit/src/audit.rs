@@ -319,32 +319,14 @@ impl AuditLedger {
             .unwrap_or_else(|problems| panic!("{problems}"))
     }
 
+    /// Every entry of the audit log of the admin at `base`, newest first.
+    pub async fn entries(&self, client: &reqwest::Client, base: &str) -> Vec<Value> {
+        self.read(client, base).await.0
+    }
+
     /// [`Self::check`], answering what differs instead of panicking.
     pub async fn verify(&self, client: &reqwest::Client, base: &str) -> Result<usize, String> {
-        let mut entries: Vec<Value> = Vec::new();
-        let mut text = String::new();
-        let mut cursor: Option<String> = None;
-        loop {
-            let mut url = format!("{base}/api/v1/audit-log?limit=200");
-            if let Some(cursor) = &cursor {
-                url.push_str(&format!("&cursor={cursor}"));
-            }
-            let response = client
-                .get(&url)
-                .bearer_auth(&self.bootstrap_token)
-                .send()
-                .await
-                .expect("reading the audit log");
-            assert_eq!(response.status(), StatusCode::OK, "reading the audit log");
-            let page_text = response.text().await.expect("the audit log");
-            let page: Value = serde_json::from_str(&page_text).expect("the audit log as JSON");
-            text.push_str(&page_text);
-            entries.extend(page["items"].as_array().cloned().unwrap_or_default());
-            match page["next_cursor"].as_str() {
-                Some(next) => cursor = Some(next.to_owned()),
-                None => break,
-            }
-        }
+        let (entries, text) = self.read(client, base).await;
         let ledger = self.lock();
         let mut problems = Vec::new();
         for secret in &ledger.secrets {
@@ -385,6 +367,35 @@ impl AuditLedger {
                 problems.join("\n")
             ))
         }
+    }
+
+    /// The audit log's entries, and its pages' text (for the secrets check).
+    async fn read(&self, client: &reqwest::Client, base: &str) -> (Vec<Value>, String) {
+        let mut entries: Vec<Value> = Vec::new();
+        let mut text = String::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut url = format!("{base}/api/v1/audit-log?limit=200");
+            if let Some(cursor) = &cursor {
+                url.push_str(&format!("&cursor={cursor}"));
+            }
+            let response = client
+                .get(&url)
+                .bearer_auth(&self.bootstrap_token)
+                .send()
+                .await
+                .expect("reading the audit log");
+            assert_eq!(response.status(), StatusCode::OK, "reading the audit log");
+            let page_text = response.text().await.expect("the audit log");
+            let page: Value = serde_json::from_str(&page_text).expect("the audit log as JSON");
+            text.push_str(&page_text);
+            entries.extend(page["items"].as_array().cloned().unwrap_or_default());
+            match page["next_cursor"].as_str() {
+                Some(next) => cursor = Some(next.to_owned()),
+                None => break,
+            }
+        }
+        (entries, text)
     }
 }
 
