@@ -30,6 +30,24 @@ pub use raw_receiver::{RawBehavior, RawReceiver, RawRequest};
 pub use receiver::{Behavior, Received, Receiver};
 pub use wait::{wait_for, wait_until, within};
 
+/// A signal for `key` (a SEV2 "Disk full on db-1" from source `test`, no labels), as an alert
+/// body would carry it.
+pub fn signal(
+    key: &str,
+    action: tocsin_domain::alerts::AlertAction,
+) -> tocsin_domain::alerts::AlertSignal {
+    tocsin_domain::alerts::AlertSignal {
+        dedup_key: key.to_owned(),
+        action,
+        title: tocsin_domain::IncidentTitle::parse("Disk full on db-1").expect("a title"),
+        severity: tocsin_domain::Severity::SEV2,
+        description: None,
+        source: Some("test".into()),
+        reply_key: None,
+        labels: Default::default(),
+    }
+}
+
 /// Applies the signals of one alert body as ingest does (see
 /// `tocsin_storage::incidents::apply_alerts`), answering its outcomes.
 pub async fn apply_signals(

@@ -8,10 +8,8 @@ use reqwest::header::{COOKIE, LOCATION, ORIGIN, SET_COOKIE};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use time::OffsetDateTime;
-use tocsin_domain::alerts::{AlertAction, AlertSignal};
-use tocsin_domain::{
-    EventKind, EventPayload, IncidentData, IncidentStatus, IncidentTitle, Severity,
-};
+use tocsin_domain::alerts::AlertAction;
+use tocsin_domain::{EventKind, EventPayload, IncidentData, IncidentStatus, Severity};
 use tocsin_storage::outbox::{self, NewEvent};
 use tocsin_testkit::TestDb;
 
@@ -215,16 +213,7 @@ async fn seed_delivery(conn: &mut AsyncPgConnection, webhook_id: Uuid, success: 
 }
 
 async fn seed_incident(conn: &mut AsyncPgConnection) -> Uuid {
-    let signal = AlertSignal {
-        dedup_key: "disk".into(),
-        action: AlertAction::Trigger,
-        title: IncidentTitle::parse("Disk full on db-1").unwrap(),
-        severity: Severity::SEV2,
-        description: None,
-        source: Some("test".into()),
-        reply_key: None,
-        labels: Default::default(),
-    };
+    let signal = tocsin_testkit::signal("disk", AlertAction::Trigger);
     let outcomes = tocsin_testkit::apply_signals(conn, &[signal], outbox::Wake::Listeners)
         .await
         .unwrap();

@@ -13,8 +13,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
-use tocsin_domain::alerts::{AlertAction, AlertSignal};
-use tocsin_domain::{IncidentTitle, Severity};
+use tocsin_domain::alerts::AlertAction;
 use tocsin_testkit::audit::{Actor, AuditLedger, Change};
 use tocsin_testkit::{amqp_url, TestDb, TestPrefix};
 use tocsin_web::config::CommonConfig;
@@ -64,16 +63,7 @@ async fn the_pages_sign_in_through_an_openid_connect_provider_and_refuse_an_iden
     config.oidc_roles = Some("oncall=operator,tocsin-admins=admin".into());
     let admin = tocsin_admin::build(config).await.expect("starting admin");
     let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    let signal = AlertSignal {
-        dedup_key: "oidc-disk".into(),
-        action: AlertAction::Trigger,
-        title: IncidentTitle::parse("Disk full on db-1").unwrap(),
-        severity: Severity::SEV2,
-        description: None,
-        source: Some("test".into()),
-        reply_key: None,
-        labels: Default::default(),
-    };
+    let signal = tocsin_testkit::signal("oidc-disk", AlertAction::Trigger);
     let opened = tocsin_testkit::apply_signals(
         &mut conn,
         &[signal],

@@ -8,11 +8,11 @@ use std::time::Duration;
 use diesel::QueryDsl;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use time::OffsetDateTime;
-use tocsin_domain::alerts::{AlertAction, AlertSignal};
+use tocsin_domain::alerts::AlertAction;
 use tocsin_domain::delivery::{Transition, Trigger};
 use tocsin_domain::{
-    EventKind, EventPayload, IncidentData, IncidentStatus, IncidentTitle, RetrySchedule,
-    RetrySettings, Severity, TargetUrl, WebhookName,
+    EventKind, EventPayload, IncidentData, IncidentStatus, RetrySchedule, RetrySettings, Severity,
+    TargetUrl, WebhookName,
 };
 use tocsin_storage::attempts::{
     self, AttemptResult, Claim, ClaimRules, Completed, Completion, Job,
@@ -29,18 +29,7 @@ use uuid::Uuid;
 
 pub(crate) const DEADLINE: Duration = Duration::from_secs(15);
 
-pub(crate) fn signal(key: &str, action: AlertAction) -> AlertSignal {
-    AlertSignal {
-        dedup_key: key.to_owned(),
-        action,
-        title: IncidentTitle::parse("Disk full on db-1").unwrap(),
-        severity: Severity::SEV2,
-        description: None,
-        source: Some("test".into()),
-        reply_key: None,
-        labels: Default::default(),
-    }
-}
+pub(crate) use tocsin_testkit::signal;
 
 /// A webhook subscribed to `events`, allowing `max_attempts` automatic attempts.
 pub(crate) async fn webhook(
