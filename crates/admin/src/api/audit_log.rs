@@ -114,7 +114,8 @@ pub struct AuditQuery {
 }
 
 impl AuditQuery {
-    /// The filter it asks for (400 naming a bad time).
+    /// The filter it asks for (400 naming a bad time, or a text holding a NUL character, which
+    /// PostgreSQL cannot compare and no entry holds).
     pub fn filter(&self) -> Result<AuditFilter, AdminError> {
         let time = |name: &'static str, text: &Option<String>| {
             text.as_deref()
@@ -122,18 +123,21 @@ impl AuditQuery {
                 .map(|t| rfc3339(t.trim()).map_err(|e| AdminError::bad_parameter(name, e)))
                 .transpose()
         };
-        let text = |value: &Option<String>| {
-            value
-                .as_deref()
-                .map(str::trim)
-                .filter(|v| !v.is_empty())
-                .map(str::to_owned)
+        let text = |name: &'static str, value: &Option<String>| {
+            let value = value.as_deref().map(str::trim).filter(|v| !v.is_empty());
+            match value {
+                Some(v) if v.contains('\0') => Err(AdminError::bad_parameter(
+                    name,
+                    "must not contain a NUL character",
+                )),
+                _ => Ok(value.map(str::to_owned)),
+            }
         };
         Ok(AuditFilter {
-            actor: text(&self.actor),
-            resource_type: text(&self.resource_type),
-            resource_id: text(&self.resource_id),
-            action: text(&self.action),
+            actor: text("actor", &self.actor)?,
+            resource_type: text("resource_type", &self.resource_type)?,
+            resource_id: text("resource_id", &self.resource_id)?,
+            action: text("action", &self.action)?,
             since: time("since", &self.since)?,
             until: time("until", &self.until)?,
         })
