@@ -37,6 +37,10 @@ use crate::stages::{Reading, StageFigures};
 
 /// Longest the bench waits, after deleting its webhooks, for their first attempts to be done.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The stage that ends after a delivery's receipt, and how long a phase waits at most for it
+/// to count every delivery received.
+const OUTCOME_STAGE: &str = "dispatcher: outcome";
+const OUTCOMES_WAIT: Duration = Duration::from_secs(2);
 
 /// Where the system is and how to talk to it.
 #[derive(Debug, Clone)]
@@ -505,9 +509,17 @@ impl Bench {
             self.receiver.wait_for(class, expected, deadline).await;
         }
         let seen = self.receiver.seen();
-        let stages = Reading::take(&self.client, &self.target.metrics_urls)
-            .await
-            .since(&stages_before);
+        // The outcome stage ends after the receipt: the last deliveries' outcomes may still be
+        // committing. Read again, for a moment at most, until each is counted.
+        let outcomes_deadline = Instant::now() + OUTCOMES_WAIT;
+        let mut reading = Reading::take(&self.client, &self.target.metrics_urls).await;
+        while reading.counted_since(&stages_before, OUTCOME_STAGE) < expected as u64
+            && Instant::now() < outcomes_deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            reading = Reading::take(&self.client, &self.target.metrics_urls).await;
+        }
+        let stages = reading.since(&stages_before);
         let sent_at: HashMap<&str, Instant> =
             accepted.iter().map(|s| (s.id.as_str(), s.at)).collect();
         let first = sent.first().map(|s| s.at).unwrap_or(started);

@@ -132,6 +132,12 @@ impl Reading {
         }
     }
 
+    /// How many times `stage` was counted between `before` and this reading.
+    pub fn counted_since(&self, before: &Reading, stage: &str) -> u64 {
+        let count = |reading: &Reading| reading.histograms.get(stage).map_or(0.0, |h| h.count);
+        (count(self) - count(before)).max(0.0) as u64
+    }
+
     /// Each stage's figures between `before` and this reading; stages with nothing counted
     /// are left out.
     pub fn since(&self, before: &Reading) -> Vec<StageFigures> {
