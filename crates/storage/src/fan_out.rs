@@ -7,10 +7,12 @@ use std::time::Duration;
 use diesel::prelude::*;
 use diesel::sql_types::{Array, BigInt, Bool, Int8, Nullable, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::attempts::{Job, JobRow};
 use crate::deliveries::{millis, Delivery, Due};
+use crate::partitions::{time_ceil, time_floor, v7_millis};
 use crate::schema::deliveries;
 use crate::statement::Statement;
 use crate::DbError;
@@ -87,6 +89,7 @@ pub async fn fan_out(
     let kinds: Vec<&str> = firsts.iter().map(|e| e.kind.as_str()).collect();
     let incidents: Vec<Uuid> = firsts.iter().map(|e| e.incident_id).collect();
     let tests: Vec<Option<Uuid>> = firsts.iter().map(|e| e.test_webhook_id).collect();
+    let (low, high) = read_bounds(&firsts, OffsetDateTime::now_utc());
     let created: Vec<JobRow> = Statement::new(include_str!("sql/fan_out.sql"))
         .bind::<Array<SqlUuid>, _>(&ids)
         .bind::<Array<Text>, _>(&kinds)
@@ -97,6 +100,8 @@ pub async fn fan_out(
         .bind::<BigInt, _>(millis(rules.lease_margin))
         .bind::<Array<Int8>, _>(&rooms)
         .bind::<Nullable<SqlUuid>, _>(rules.replay_to)
+        .bind::<SqlUuid, _>(low)
+        .bind::<SqlUuid, _>(high)
         .load(conn)
         .await?;
     let mut results = vec![FannedOut::default(); events.len()];
@@ -141,6 +146,7 @@ pub async fn fan_out(
     if !redelivered.is_empty() {
         let again: Vec<(Uuid, Uuid, Uuid)> = deliveries::table
             .filter(deliveries::event_id.eq_any(&redelivered))
+            .filter(deliveries::id.between(low, high))
             .filter(deliveries::state.eq(DeliveryState::Pending.as_str()))
             .filter(deliveries::auto_attempts.eq(0))
             .filter(deliveries::attempting_until.is_null())
@@ -162,4 +168,77 @@ pub async fn fan_out(
         }
     }
     Ok(results)
+}
+
+/// How far the clock of the host that made an id may be from this one's.
+const CLOCK_SKEW_MILLIS: u64 = 3_600_000;
+
+/// The least and the greatest id the fan-out of `events` reads in `events` and `deliveries`, so
+/// that PostgreSQL leaves the other days' partitions out when the statement starts: from the
+/// time the oldest of their incidents opened (an incident's events come after it, and a
+/// delivery's id holds its event's time, or, made before the delivery log was reshaped, a later
+/// one) to now (no row is made in the future), each widened by [`CLOCK_SKEW_MILLIS`] for the
+/// clocks of other hosts. An id that holds no time (not a UUIDv7) bounds nothing below.
+fn read_bounds(events: &[&FanOut], now: OffsetDateTime) -> (Uuid, Uuid) {
+    let now = (now.unix_timestamp_nanos() / 1_000_000) as u64;
+    let mut low = now;
+    let mut high = now;
+    for event in events {
+        for id in [event.incident_id, event.event_id] {
+            match v7_millis(id) {
+                Some(millis) => {
+                    low = low.min(millis);
+                    high = high.max(millis);
+                }
+                None => low = 0,
+            }
+        }
+    }
+    (
+        time_floor(low.saturating_sub(CLOCK_SKEW_MILLIS)),
+        time_ceil(high.saturating_add(CLOCK_SKEW_MILLIS)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(incident_id: Uuid, event_id: Uuid) -> FanOut {
+        FanOut {
+            event_id,
+            kind: EventKind::IncidentOpened,
+            incident_id,
+            test_webhook_id: None,
+            redelivered: false,
+        }
+    }
+
+    #[test]
+    fn the_reads_span_from_the_oldest_incident_to_now_with_room_for_other_clocks() {
+        let now = OffsetDateTime::now_utc();
+        let millis = |t: OffsetDateTime| (t.unix_timestamp_nanos() / 1_000_000) as u64;
+        let v7 = |t: OffsetDateTime| {
+            let secs = t.unix_timestamp() as u64;
+            Uuid::new_v7(uuid::Timestamp::from_unix(
+                uuid::NoContext,
+                secs,
+                t.nanosecond(),
+            ))
+        };
+        let day = time::Duration::days(1);
+        let hour = CLOCK_SKEW_MILLIS;
+        let events = [
+            event(v7(now - day * 3), v7(now - day)),
+            event(v7(now - day), v7(now)),
+        ];
+        let firsts: Vec<&FanOut> = events.iter().collect();
+        let (low, high) = read_bounds(&firsts, now);
+        assert_eq!(low, time_floor(millis(now - day * 3) - hour));
+        assert_eq!(high, time_ceil(millis(now) + hour));
+        // An incident whose id holds no time: every day below.
+        let events = [event(Uuid::new_v4(), v7(now))];
+        let (low, _) = read_bounds(&[&events[0]], now);
+        assert_eq!(low, Uuid::nil());
+    }
 }

@@ -48,11 +48,32 @@ const LOCK_TRIES: usize = 300;
 
 /// The first UUIDv7 of a day (UTC): its time in milliseconds, then zeros.
 pub fn day_floor(day: Date) -> Uuid {
-    let millis = (day.midnight().assume_utc().unix_timestamp_nanos() / 1_000_000) as u64;
+    time_floor((day.midnight().assume_utc().unix_timestamp_nanos() / 1_000_000) as u64)
+}
+
+/// The least UUID of a millisecond (a UUIDv7's time, then zeros).
+pub fn time_floor(millis: u64) -> Uuid {
     let mut bytes = [0u8; 16];
-    bytes[..6].copy_from_slice(&millis.to_be_bytes()[2..]);
+    bytes[..6].copy_from_slice(&millis.min(MAX_MILLIS).to_be_bytes()[2..]);
     Uuid::from_bytes(bytes)
 }
+
+/// The greatest UUID of a millisecond (a UUIDv7's time, then ones).
+pub fn time_ceil(millis: u64) -> Uuid {
+    let mut bytes = [0xffu8; 16];
+    bytes[..6].copy_from_slice(&millis.min(MAX_MILLIS).to_be_bytes()[2..]);
+    Uuid::from_bytes(bytes)
+}
+
+/// The time a UUIDv7 holds, in milliseconds; `None` for another version.
+pub fn v7_millis(id: Uuid) -> Option<u64> {
+    let b = id.as_bytes();
+    (id.get_version_num() == 7)
+        .then(|| u64::from_be_bytes([0, 0, b[0], b[1], b[2], b[3], b[4], b[5]]))
+}
+
+/// The greatest time 48 bits hold.
+const MAX_MILLIS: u64 = (1 << 48) - 1;
 
 fn partition_name(table: &str, day: Date) -> String {
     format!(
