@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::attempts::{Job, JobRow};
 use crate::deliveries::{millis, Delivery, Due};
-use crate::partitions::{time_ceil, time_floor, v7_millis};
+use crate::partitions::{time_floor, v7_millis};
 use crate::schema::deliveries;
 use crate::statement::Statement;
 use crate::DbError;
@@ -89,7 +89,7 @@ pub async fn fan_out(
     let kinds: Vec<&str> = firsts.iter().map(|e| e.kind.as_str()).collect();
     let incidents: Vec<Uuid> = firsts.iter().map(|e| e.incident_id).collect();
     let tests: Vec<Option<Uuid>> = firsts.iter().map(|e| e.test_webhook_id).collect();
-    let (low, high) = read_bounds(&firsts, OffsetDateTime::now_utc());
+    let floor = read_floor(&firsts, OffsetDateTime::now_utc());
     let created: Vec<JobRow> = Statement::new(include_str!("sql/fan_out.sql"))
         .bind::<Array<SqlUuid>, _>(&ids)
         .bind::<Array<Text>, _>(&kinds)
@@ -100,8 +100,7 @@ pub async fn fan_out(
         .bind::<BigInt, _>(millis(rules.lease_margin))
         .bind::<Array<Int8>, _>(&rooms)
         .bind::<Nullable<SqlUuid>, _>(rules.replay_to)
-        .bind::<SqlUuid, _>(low)
-        .bind::<SqlUuid, _>(high)
+        .bind::<SqlUuid, _>(floor)
         .load(conn)
         .await?;
     let mut results = vec![FannedOut::default(); events.len()];
@@ -146,7 +145,7 @@ pub async fn fan_out(
     if !redelivered.is_empty() {
         let again: Vec<(Uuid, Uuid, Uuid)> = deliveries::table
             .filter(deliveries::event_id.eq_any(&redelivered))
-            .filter(deliveries::id.between(low, high))
+            .filter(deliveries::id.ge(floor))
             .filter(deliveries::state.eq(DeliveryState::Pending.as_str()))
             .filter(deliveries::auto_attempts.eq(0))
             .filter(deliveries::attempting_until.is_null())
@@ -170,34 +169,23 @@ pub async fn fan_out(
     Ok(results)
 }
 
-/// How far the clock of the host that made an id may be from this one's.
+/// How far the clock of the host that made an id may be behind this one's.
 const CLOCK_SKEW_MILLIS: u64 = 3_600_000;
 
-/// The least and the greatest id the fan-out of `events` reads in `events` and `deliveries`, so
-/// that PostgreSQL leaves the other days' partitions out when the statement starts: from the
-/// time the oldest of their incidents opened (an incident's events come after it, and a
-/// delivery's id holds its event's time, or, made before the delivery log was reshaped, a later
-/// one) to now (no row is made in the future), each widened by [`CLOCK_SKEW_MILLIS`] for the
-/// clocks of other hosts. An id that holds no time (not a UUIDv7) bounds nothing below.
-fn read_bounds(events: &[&FanOut], now: OffsetDateTime) -> (Uuid, Uuid) {
-    let now = (now.unix_timestamp_nanos() / 1_000_000) as u64;
-    let mut low = now;
-    let mut high = now;
+/// The least id the fan-out of `events` reads in `events` and `deliveries`, so that PostgreSQL
+/// leaves the older days' partitions out when the statement starts: the time the oldest of
+/// their incidents opened (an incident's events come after it, and a delivery's id holds its
+/// event's time, or, made before the delivery log was reshaped, a later one), less
+/// [`CLOCK_SKEW_MILLIS`] for the clocks of other hosts. An id that holds no time (not a
+/// UUIDv7) leaves every day in.
+fn read_floor(events: &[&FanOut], now: OffsetDateTime) -> Uuid {
+    let mut low = (now.unix_timestamp_nanos() / 1_000_000) as u64;
     for event in events {
         for id in [event.incident_id, event.event_id] {
-            match v7_millis(id) {
-                Some(millis) => {
-                    low = low.min(millis);
-                    high = high.max(millis);
-                }
-                None => low = 0,
-            }
+            low = low.min(v7_millis(id).unwrap_or(0));
         }
     }
-    (
-        time_floor(low.saturating_sub(CLOCK_SKEW_MILLIS)),
-        time_ceil(high.saturating_add(CLOCK_SKEW_MILLIS)),
-    )
+    time_floor(low.saturating_sub(CLOCK_SKEW_MILLIS))
 }
 
 #[cfg(test)]
@@ -215,7 +203,7 @@ mod tests {
     }
 
     #[test]
-    fn the_reads_span_from_the_oldest_incident_to_now_with_room_for_other_clocks() {
+    fn the_reads_start_an_hour_before_the_oldest_incident_opened() {
         let now = OffsetDateTime::now_utc();
         let millis = |t: OffsetDateTime| (t.unix_timestamp_nanos() / 1_000_000) as u64;
         let v7 = |t: OffsetDateTime| {
@@ -227,18 +215,15 @@ mod tests {
             ))
         };
         let day = time::Duration::days(1);
-        let hour = CLOCK_SKEW_MILLIS;
         let events = [
             event(v7(now - day * 3), v7(now - day)),
             event(v7(now - day), v7(now)),
         ];
         let firsts: Vec<&FanOut> = events.iter().collect();
-        let (low, high) = read_bounds(&firsts, now);
-        assert_eq!(low, time_floor(millis(now - day * 3) - hour));
-        assert_eq!(high, time_ceil(millis(now) + hour));
-        // An incident whose id holds no time: every day below.
+        let floor = read_floor(&firsts, now);
+        assert_eq!(floor, time_floor(millis(now - day * 3) - CLOCK_SKEW_MILLIS));
+        // An incident whose id holds no time: every day.
         let events = [event(Uuid::new_v4(), v7(now))];
-        let (low, _) = read_bounds(&[&events[0]], now);
-        assert_eq!(low, Uuid::nil());
+        assert_eq!(read_floor(&[&events[0]], now), Uuid::nil());
     }
 }

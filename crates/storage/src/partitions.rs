@@ -58,13 +58,6 @@ pub fn time_floor(millis: u64) -> Uuid {
     Uuid::from_bytes(bytes)
 }
 
-/// The greatest UUID of a millisecond (a UUIDv7's time, then ones).
-pub fn time_ceil(millis: u64) -> Uuid {
-    let mut bytes = [0xffu8; 16];
-    bytes[..6].copy_from_slice(&millis.min(MAX_MILLIS).to_be_bytes()[2..]);
-    Uuid::from_bytes(bytes)
-}
-
 /// The time a UUIDv7 holds, in milliseconds; `None` for another version.
 pub fn v7_millis(id: Uuid) -> Option<u64> {
     let b = id.as_bytes();

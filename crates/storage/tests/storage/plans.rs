@@ -1,6 +1,6 @@
 //! Plans: a statement that finds rows by key reads them by key, however few rows the partial
-//! indexes on the same table hold live, and one given delivery ids (or the fan-out, given the
-//! bounds of its reads) reads only the day partitions between the least and the greatest of them. Each statement is planned as the services plan it
+//! indexes on the same table hold live; one given delivery ids reads only the day partitions
+//! between the least and the greatest of them, and the fan-out none before the floor of its reads. Each statement is planned as the services plan it
 //! (once per connection, generically), after statistics that make those indexes look cheap; a
 //! plan through one of them would visit every entry left since the index's last vacuum, on every
 //! call (see `tocsin_storage::SESSION_SETTINGS`).
@@ -44,9 +44,8 @@ const BY_KEY: [(&str, &str, usize, bool, &str, &str); 3] = [
 ];
 
 /// The statements given delivery ids, with their parameters before the bounds of those ids.
-const BOUNDED: [(&str, &str, usize); 5] = [
+const BOUNDED: [(&str, &str, usize); 4] = [
     ("claim.sql", include_str!("../../src/sql/claim.sql"), 6),
-    ("fan_out.sql", include_str!("../../src/sql/fan_out.sql"), 9),
     (
         "complete.sql",
         include_str!("../../src/sql/complete.sql"),
@@ -131,6 +130,44 @@ async fn statements_given_delivery_ids_read_only_the_days_between_them() {
             "{file} reads other days than its ids':\n{plan}"
         );
     }
+}
+
+#[tokio::test]
+async fn the_fan_out_reads_no_day_before_the_floor_of_its_reads() {
+    use tocsin_storage::partitions;
+
+    let db = TestDb::new().await;
+    let mut conn = db.pool().get().await.unwrap();
+    let yesterday = time::OffsetDateTime::now_utc()
+        .date()
+        .previous_day()
+        .unwrap();
+    for (table, _) in partitions::TABLES {
+        partitions::make_day(&mut conn, table, yesterday)
+            .await
+            .unwrap();
+    }
+    let sql = include_str!("../../src/sql/fan_out.sql");
+    execute(&mut conn, format!("PREPARE fan_out AS {sql}")).await;
+    let mut arguments = vec!["NULL"; 9];
+    arguments.push("uuid_v7(now())");
+    let plan = explain(
+        &mut conn,
+        format!("EXPLAIN EXECUTE fan_out({})", arguments.join(", ")),
+    )
+    .await;
+    let (today, _) = days();
+    let day = |d: time::Date| format!("{:04}{:02}{:02}", d.year(), u8::from(d.month()), d.day());
+    let before = day(yesterday);
+    assert!(
+        plan.contains(&format!("events_{today}"))
+            && plan.contains(&format!("deliveries_{today}"))
+            && plan.contains("Subplans Removed")
+            && !plan
+                .lines()
+                .any(|line| line.contains("Scan") && line.contains(&format!("_{before}"))),
+        "the fan-out reads a day before the floor of its reads:\n{plan}"
+    );
 }
 
 async fn explain(conn: &mut AsyncPgConnection, statement: String) -> String {
