@@ -561,10 +561,9 @@ pub async fn expire(
             None
         };
         if kept.is_none() {
-            for ((table, _), name) in TABLES.iter().zip(&names) {
-                drop_partition(conn, table, name).await?;
+            if drop_day(conn, &names, present.iter().all(|p| *p)).await? {
+                expired.dropped += 1;
             }
-            expired.dropped += 1;
         } else if let Some(Some(count)) = kept {
             expired.emptied += 1;
             expired.kept += count;
@@ -591,12 +590,10 @@ async fn keep_unfinished(
                     "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';
                      LOCK TABLE {events}, {deliveries}, {attempts} IN ACCESS EXCLUSIVE MODE;
                      CREATE TEMP TABLE kept_deliveries ON COMMIT DROP AS
-                         SELECT * FROM {deliveries} WHERE state IN ('pending', 'retrying')
-                         UNION ALL SELECT * FROM {deliveries} WHERE state = 'waiting';
+                         SELECT * FROM {deliveries} d WHERE {UNFINISHED};
                      CREATE TEMP TABLE kept_events ON COMMIT DROP AS
                          SELECT * FROM {events} e WHERE e.id IN (SELECT event_id FROM kept_deliveries)
-                             OR e.id IN (SELECT (convert_from(o.payload, 'UTF8')::jsonb ->> 'event_id')::uuid
-                                 FROM outbox o WHERE o.published_at IS NULL AND o.topic = 'event');"
+                             OR {ANNOUNCED};"
                 ))
                 .await?;
                 let kept = count(
@@ -639,8 +636,86 @@ async fn keep_unfinished(
     .await
 }
 
-/// Detaches one partition without blocking the parent's readers and writers, then drops it.
-async fn drop_partition(
+/// An unfinished delivery (`d`): kept when its day expires.
+const UNFINISHED: &str = "d.state IN ('pending', 'retrying', 'waiting')";
+/// An event (`e`) that an outbox row still to publish announces: kept for the relay.
+const ANNOUNCED: &str =
+    "e.id IN (SELECT (convert_from(o.payload, 'UTF8')::jsonb ->> 'event_id')::uuid \
+     FROM outbox o WHERE o.published_at IS NULL AND o.topic = 'event')";
+
+/// Drops a day's partitions (`names`: events, deliveries, attempts), in which nothing was to
+/// be kept: detaches each without blocking the services, then, when all three were there
+/// (`whole`), looks again. Between the first look and the detach, a delivery of one of the
+/// day's events may have been made (a replay, a fan-out that came late) or an outbox row may
+/// have come to announce one; once detached, the day takes no more rows. If anything is to be
+/// kept, the partitions are attached back and the next pass keeps it ([`keep_unfinished`]).
+/// Whether the day was dropped.
+async fn drop_day(
+    conn: &mut AsyncPgConnection,
+    names: &[String],
+    whole: bool,
+) -> Result<bool, DbError> {
+    for ((table, _), name) in TABLES.iter().zip(names) {
+        detach_partition(conn, table, name).await?;
+    }
+    let (events, deliveries) = (&names[0], &names[1]);
+    let arrived = format!(
+        "SELECT EXISTS (SELECT 1 FROM {deliveries} d WHERE {UNFINISHED})
+             OR EXISTS (SELECT 1 FROM {events} e WHERE {ANNOUNCED}) AS flag"
+    );
+    if whole && flag(conn, &arrived).await? {
+        for ((table, _), name) in TABLES.iter().zip(names) {
+            let Some(bounds) = bounds_of(name) else {
+                return Err(DbError::Corrupt(format!(
+                    "partition {name}: no day in its name"
+                )));
+            };
+            let attach = format!("ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES {bounds}");
+            with_lock_retries(conn, |conn| {
+                let attach = attach.clone();
+                Box::pin(async move {
+                    conn.transaction::<_, DbError, _>(async |conn| {
+                        conn.batch_execute(&format!(
+                            "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'; {attach}"
+                        ))
+                        .await?;
+                        Ok(())
+                    })
+                    .await
+                })
+            })
+            .await?;
+        }
+        tracing::warn!(
+            day = %deliveries,
+            "a delivery was made in a day while it was being dropped: the day is attached \
+             back, and the next retention pass keeps what is unfinished"
+        );
+        return Ok(false);
+    }
+    for name in names {
+        conn.batch_execute(&format!("DROP TABLE IF EXISTS {name}"))
+            .await?;
+    }
+    Ok(true)
+}
+
+/// The range of ids a partition named `name` holds, as `FOR VALUES` says it.
+fn bounds_of(name: &str) -> Option<String> {
+    let day = name_day(name)?;
+    Some(if name.contains("_before_") {
+        format!("FROM (MINVALUE) TO ('{}')", day_floor(day))
+    } else {
+        format!(
+            "FROM ('{}') TO ('{}')",
+            day_floor(day),
+            day_floor(day + time::Duration::DAY)
+        )
+    })
+}
+
+/// Detaches one partition without blocking the parent's readers and writers.
+async fn detach_partition(
     conn: &mut AsyncPgConnection,
     table: &str,
     name: &str,
@@ -667,8 +742,6 @@ async fn drop_partition(
         }
         None => {}
     }
-    conn.batch_execute(&format!("DROP TABLE IF EXISTS {name}"))
-        .await?;
     Ok(())
 }
 

@@ -157,3 +157,104 @@ async fn a_day_past_retention_goes_whole_but_for_its_unfinished_deliveries() {
             >= 7
     );
 }
+
+/// A delivery made in a day after retention looked and found nothing to keep there, but before
+/// the day's partitions were detached (a replay of the day's events, say), keeps the day: its
+/// partitions are attached back, and the next pass keeps the delivery and removes the rest.
+#[tokio::test]
+async fn a_delivery_made_while_its_day_is_dropped_is_kept() {
+    use tocsin_storage::{partitions, retention};
+
+    let db = TestDb::new().await;
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let webhook = webhook_for_every_event(&mut conn, "early").await;
+    let id = delivery_to(&mut conn, "raced", webhook.id).await;
+    let late = webhook_for_every_event(&mut conn, "late").await;
+    record_attempt(&mut conn, id, answered(200)).await;
+    execute(
+        &mut conn,
+        format!("UPDATE deliveries SET state = 'succeeded' WHERE id = '{id}'"),
+    )
+    .await;
+    execute(
+        &mut conn,
+        "UPDATE outbox SET published_at = now() - interval '2 days'".to_owned(),
+    )
+    .await;
+    // A transaction whose snapshot is older than the detach: it still puts rows in the day.
+    let mut racer = AsyncPgConnection::establish(&db.url).await.unwrap();
+    execute(
+        &mut racer,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ".to_owned(),
+    )
+    .await;
+    execute(&mut racer, "SELECT 1 FROM ONLY deliveries".to_owned()).await;
+    let now = OffsetDateTime::now_utc();
+    let today = now.date();
+    let end_of_today = (today + time::Duration::DAY).midnight().assume_utc();
+    let url = db.url.clone();
+    let pruning = tokio::spawn(async move {
+        let mut conn = AsyncPgConnection::establish(&url).await.unwrap();
+        retention::prune(&mut conn, end_of_today, now - time::Duration::DAY)
+            .await
+            .unwrap()
+    });
+    let day = format!(
+        "{:04}{:02}{:02}",
+        today.year(),
+        u8::from(today.month()),
+        today.day()
+    );
+    // Found nothing to keep: the day's deliveries are being detached, which waits for the
+    // racer's transaction (it uses the table) to end.
+    let detaching =
+        format!("pg_inherits WHERE inhdetachpending AND inhrelid = 'deliveries_{day}'::regclass");
+    tocsin_testkit::wait_until(
+        "the day's deliveries being detached",
+        std::time::Duration::from_secs(30),
+        || async { db.count(&detaching).await == 1 },
+    )
+    .await;
+    execute(
+        &mut racer,
+        format!(
+            "INSERT INTO deliveries (id, webhook_id, event_id, event, incident_id, state, \
+                 attempt_count, auto_attempts, next_attempt_at, created_at, updated_at, replayed) \
+             SELECT uuid_v7_sharing_time(event_id), '{}', event_id, event, incident_id, \
+                 'pending', 0, 0, now(), now(), now(), true \
+             FROM deliveries WHERE id = '{id}'",
+            late.id
+        ),
+    )
+    .await;
+    execute(&mut racer, "COMMIT".to_owned()).await;
+
+    let pruned = pruning.await.unwrap();
+    assert_eq!(pruned.days, partitions::Expired::default());
+    for table in ["events", "deliveries", "attempts"] {
+        assert_eq!(
+            db.count(&format!(
+                "pg_inherits WHERE inhrelid = '{table}_{day}'::regclass AND NOT inhdetachpending"
+            ))
+            .await,
+            1,
+            "{table}_{day} is attached back"
+        );
+    }
+    let kept = format!("deliveries WHERE webhook_id = '{}'", late.id);
+    assert_eq!(db.count(&kept).await, 1, "the late delivery is there");
+
+    let pruned = retention::prune(&mut conn, end_of_today, now - time::Duration::DAY)
+        .await
+        .unwrap();
+    assert_eq!(
+        pruned.days,
+        partitions::Expired {
+            dropped: 0,
+            emptied: 1,
+            kept: 1
+        }
+    );
+    assert_eq!(db.count(&kept).await, 1, "the late delivery is kept");
+    assert_eq!(db.count("deliveries").await, 1);
+}
