@@ -10,11 +10,11 @@
 --
 -- Every read of `events` and `deliveries` starts at id $10 (`read_floor` in `fan_out.rs`: an
 -- hour before the oldest given incident opened), so that PostgreSQL leaves out the older days'
--- partitions when the statement starts instead of setting up a scan of each on every call (1.4
--- against 0.8 ms a call at 38 partitions, measured). No upper bound: a range closed at both
--- ends looked selective enough for it to read the range instead of the key (a hash join over
--- 20 800 events, measured); reads of one row by id go through LATERAL ... LIMIT 1, so that
--- each stays a lookup by key whatever the plan.
+-- partitions when the statement starts instead of setting up a scan of each on every call (at
+-- 38 partitions, the 20/s fan-out stage p50 went from 3.7 to 1.8 ms). No upper bound: a range
+-- closed at both ends looked selective enough for it to read the range instead of the key (a
+-- hash join over 20 800 events, measured); reads of one row by id go through LATERAL ...
+-- LIMIT 1, so that each stays a lookup by key whatever the plan.
 --
 -- A delivery to a disabled webhook starts `waiting` (`webhook_disabled`): listed, and sent
 -- only when an operator recovers it. Whether a webhook is disabled is read from its row locked
