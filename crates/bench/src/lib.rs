@@ -14,6 +14,7 @@ pub mod output;
 pub mod procs;
 pub mod receiver;
 mod scenarios;
+pub mod soak;
 pub mod stages;
 
 pub use scenarios::{

@@ -226,6 +226,28 @@ enum Scenario {
         #[arg(long, default_value_t = 200)]
         reads: usize,
     },
+    /// A steady open loop to one webhook for a long time, with the retention the dispatcher
+    /// runs: window by window, deliveries/s, latency p50 and p99, the dispatcher's RSS and the
+    /// size of each table that grows with traffic; then the first ten windows against the last
+    /// ten.
+    Soak {
+        /// The database the system under test uses (for the tables' sizes).
+        #[arg(
+            long,
+            env = "DATABASE_URL",
+            default_value = "postgres://postgres@127.0.0.1:5432/tocsin"
+        )]
+        database_url: String,
+        /// Alerts per second.
+        #[arg(long, default_value_t = 300.0)]
+        rate: f64,
+        /// How long the stream runs.
+        #[arg(long, default_value = "1h", value_parser = parse_duration)]
+        duration: Duration,
+        /// The length of each window the figures are taken over.
+        #[arg(long, default_value = "1m", value_parser = parse_duration)]
+        window: Duration,
+    },
     /// Deliveries to a failing receiver path, so that they sit in the retry queue; samples the
     /// dispatcher's RSS every second and reports its min and max.
     Backlog {
@@ -361,6 +383,23 @@ async fn run(cli: &Cli, scenario: &Scenario) -> anyhow::Result<tocsin_bench::Rep
                     failed_share,
                     load: load.config(),
                     reads,
+                },
+            )
+            .await?
+        }
+        Scenario::Soak {
+            ref database_url,
+            rate,
+            duration,
+            window,
+        } => {
+            tocsin_bench::soak::soak(
+                &bench,
+                tocsin_bench::soak::SoakConfig {
+                    database_url: database_url.clone(),
+                    rate,
+                    duration,
+                    window,
                 },
             )
             .await?
