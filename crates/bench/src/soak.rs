@@ -119,11 +119,14 @@ pub async fn soak(bench: &Arc<Bench>, config: SoakConfig) -> anyhow::Result<Repo
     Ok(report)
 }
 
+/// One figure of a window.
+type Figure = fn(&Window) -> f64;
+
 /// The first and the last [`ENDS`] windows' medians, and their ratio.
 fn compare_ends(report: &mut Report, seen: &[Window]) {
     let n = ENDS.min(seen.len());
     let (first, last) = (&seen[..n], &seen[seen.len() - n..]);
-    let figures: [(&str, fn(&Window) -> f64); 3] = [
+    let figures: [(&str, Figure); 3] = [
         ("deliveries/s", |w| w.deliveries_per_sec),
         ("p99 ms", |w| w.p99),
         ("dispatcher RSS MiB", |w| w.dispatcher_rss_mib),
