@@ -20,7 +20,9 @@
 -- (`subscribed`): a generic plan holds a scan of every partition for every read, and is made
 -- again on every connection whenever a partition is attached, detached or dropped (retention,
 -- the days ahead). At 38 partitions, planning took 37.5 ms with ten reads and 20.0 ms with
--- five (psql, median of 10 each, alternating). An event that is not found gets no delivery.
+-- five (psql, median of 10 each, alternating). On an empty database (8 partitions), single
+-- runs in one sitting, the 20/s fan-out stage p50 went from 3.5 to 2.8 ms and `e2e` from 1 352
+-- to 1 505-1 529 deliveries/s. An event that is not found gets no delivery.
 --
 -- A delivery to a disabled webhook starts `waiting` (`webhook_disabled`): listed, and sent
 -- only when an operator recovers it. Whether a webhook is disabled is read from its row locked
