@@ -114,6 +114,18 @@ impl LoadArgs {
     }
 }
 
+/// The database of the system under test, for scenarios that read it or write to it directly.
+#[derive(Debug, Args)]
+struct SystemDatabase {
+    /// The database the system under test uses.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/tocsin"
+    )]
+    database_url: String,
+}
+
 #[derive(Debug, Subcommand)]
 enum Scenario {
     /// Ingest alone (no webhook of the bench subscribed): alerts accepted/s and response times.
@@ -203,13 +215,8 @@ enum Scenario {
     Aged {
         #[command(flatten)]
         load: LoadArgs,
-        /// The database the system under test uses.
-        #[arg(
-            long,
-            env = "DATABASE_URL",
-            default_value = "postgres://postgres@127.0.0.1:5432/tocsin"
-        )]
-        database_url: String,
+        #[command(flatten)]
+        database: SystemDatabase,
         /// Deliveries the database holds before the measures.
         #[arg(long, default_value_t = 5_000_000)]
         deliveries: i64,
@@ -231,13 +238,9 @@ enum Scenario {
     /// size of each table that grows with traffic; then the first ten windows against the last
     /// ten.
     Soak {
-        /// The database the system under test uses (for the tables' sizes).
-        #[arg(
-            long,
-            env = "DATABASE_URL",
-            default_value = "postgres://postgres@127.0.0.1:5432/tocsin"
-        )]
-        database_url: String,
+        /// The tables' sizes are read there.
+        #[command(flatten)]
+        database: SystemDatabase,
         /// Alerts per second.
         #[arg(long, default_value_t = 300.0)]
         rate: f64,
@@ -366,7 +369,7 @@ async fn run(cli: &Cli, scenario: &Scenario) -> anyhow::Result<tocsin_bench::Rep
         }
         Scenario::Aged {
             load,
-            ref database_url,
+            ref database,
             deliveries,
             days,
             webhooks,
@@ -376,7 +379,7 @@ async fn run(cli: &Cli, scenario: &Scenario) -> anyhow::Result<tocsin_bench::Rep
             tocsin_bench::aged::aged(
                 &bench,
                 tocsin_bench::aged::AgedConfig {
-                    database_url: database_url.clone(),
+                    database_url: database.database_url.clone(),
                     deliveries,
                     days,
                     webhooks,
@@ -388,7 +391,7 @@ async fn run(cli: &Cli, scenario: &Scenario) -> anyhow::Result<tocsin_bench::Rep
             .await?
         }
         Scenario::Soak {
-            ref database_url,
+            ref database,
             rate,
             duration,
             window,
@@ -396,7 +399,7 @@ async fn run(cli: &Cli, scenario: &Scenario) -> anyhow::Result<tocsin_bench::Rep
             tocsin_bench::soak::soak(
                 &bench,
                 tocsin_bench::soak::SoakConfig {
-                    database_url: database_url.clone(),
+                    database_url: database.database_url.clone(),
                     rate,
                     duration,
                     window,
