@@ -370,21 +370,38 @@ impl OutboxRow {
     }
 }
 
-/// Claims up to `limit` unpublished rows, oldest first, skipping rows another relay holds, and
-/// marks them published in the same statement: call inside a transaction, publish the rows,
-/// then commit (the mark stands) or roll back (the rows wait for the next pass). The locks last
-/// until the transaction ends. Rows come back in id order.
-pub async fn claim_and_mark<C>(conn: &mut C, limit: i64) -> Result<Vec<OutboxRow>, DbError>
+/// Claims up to `limit` unpublished rows with ids from `from` on, oldest first, skipping rows
+/// another relay holds, and marks them published in the same statement: call inside a
+/// transaction, publish the rows, then commit (the mark stands) or roll back (the rows wait for
+/// the next pass). The locks last until the transaction ends. Rows come back in id order.
+pub async fn claim_and_mark<C>(
+    conn: &mut C,
+    limit: i64,
+    from: i64,
+) -> Result<Vec<OutboxRow>, DbError>
 where
     C: diesel_async::AsyncConnectionCore<Backend = diesel::pg::Pg> + Send,
 {
     let mut rows: Vec<OutboxRow> = Statement::new(include_str!("sql/claim_and_mark.sql"))
         .bind::<diesel::sql_types::BigInt, _>(limit)
         .bind::<diesel::sql_types::Timestamptz, _>(OffsetDateTime::now_utc())
+        .bind::<diesel::sql_types::BigInt, _>(from)
         .load(conn)
         .await?;
     rows.sort_unstable_by_key(|row| row.id);
     Ok(rows)
+}
+
+/// The last id the outbox handed out, committed or not: every row with an id up to it took its
+/// id before now.
+pub async fn last_id(conn: &mut AsyncPgConnection) -> Result<i64, DbError> {
+    Ok(
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+            "(SELECT last_value FROM outbox_id_seq)",
+        ))
+        .get_result(conn)
+        .await?,
+    )
 }
 
 /// How many rows wait to be published.

@@ -110,7 +110,7 @@ async fn an_incident_moves_through_its_lifecycle_with_its_events() {
     // 1 + 1 + 2 + 1. Deliveries are the dispatchers' to make: none yet, subscriber or not.
     assert_eq!(outbox::backlog(&mut conn).await.unwrap(), 5);
     let mut kinds = Vec::new();
-    for row in outbox::claim_and_mark(&mut conn, 10).await.unwrap() {
+    for row in outbox::claim_and_mark(&mut conn, 10, 0).await.unwrap() {
         assert_eq!(row.topic(), Some(outbox::Topic::Event));
         let message = EventMessage::from_bytes(&row.payload).unwrap();
         kinds.push(message.event.as_str().to_owned());

@@ -170,6 +170,27 @@ async fn the_fan_out_reads_no_day_before_the_floor_of_its_reads() {
     );
 }
 
+#[tokio::test]
+async fn the_relays_claim_starts_at_its_floor() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool().get().await.unwrap();
+    let sql = include_str!("../../src/sql/claim_and_mark.sql");
+    execute(&mut conn, format!("PREPARE claim_and_mark AS {sql}")).await;
+    let plan = explain(
+        &mut conn,
+        "EXPLAIN EXECUTE claim_and_mark(500, now(), 1000)".into(),
+    )
+    .await;
+    // Where the index of unpublished rows starts, not a filter on what it read from the first.
+    assert!(
+        plan.lines().any(|line| line.contains("outbox_unpublished"))
+            && plan
+                .lines()
+                .any(|line| line.contains("Index Cond: (id >= ")),
+        "the claim reads the outbox from its first row:\n{plan}"
+    );
+}
+
 async fn explain(conn: &mut AsyncPgConnection, statement: String) -> String {
     #[derive(diesel::QueryableByName)]
     struct PlanLine {
