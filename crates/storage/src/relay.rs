@@ -86,8 +86,16 @@ struct Drain {
 }
 
 impl ClaimFloor {
-    /// A drain starting `now`, when `last_id` is the last id handed out.
-    fn start(&mut self, now: Instant, last_id: i64) -> Drain {
+    /// Whether a drain starting `now` notes the last id handed out: a second after the last
+    /// noted, so that most drains read nothing more than their claims.
+    fn wants_mark(&self, now: Instant) -> bool {
+        self.marks
+            .back()
+            .is_none_or(|&(at, _)| now.saturating_duration_since(at) >= Duration::from_secs(1))
+    }
+
+    /// A drain starting `now`, with the last id handed out when [`Self::wants_mark`].
+    fn start(&mut self, now: Instant, last_id: Option<i64>) -> Drain {
         let mut settled = None;
         while let Some(&(at, id)) = self.marks.front() {
             if now.saturating_duration_since(at) < SETTLED_AFTER {
@@ -96,11 +104,7 @@ impl ClaimFloor {
             settled = Some(id);
             self.marks.pop_front();
         }
-        if self
-            .marks
-            .back()
-            .is_none_or(|&(at, _)| now.saturating_duration_since(at) >= Duration::from_secs(1))
-        {
+        if let Some(last_id) = last_id.filter(|_| self.wants_mark(now)) {
             self.marks.push_back((now, last_id));
         }
         let full = self
@@ -315,16 +319,20 @@ impl OutboxRelay {
     /// Publishes every committed row from the claims' floor on (every committed row, when a
     /// full claim is due); returns how many were published.
     pub async fn drain(&self) -> anyhow::Result<usize> {
-        let last_id = {
+        let now = Instant::now();
+        let wants_mark = self.floor().wants_mark(now);
+        let last_id = if wants_mark {
             let mut guard = self.conn.lock().await;
             let conn = self.connection(&mut guard).await?;
             let last_id = outbox::last_id(conn).await;
             if last_id.is_err() {
                 *guard = None;
             }
-            last_id?
+            Some(last_id?)
+        } else {
+            None
         };
-        let drain = self.floor().start(Instant::now(), last_id);
+        let drain = self.floor().start(now, last_id);
         let mut total = 0;
         loop {
             let published = self.publish_batch(drain.from).await?;
@@ -539,29 +547,30 @@ mod tests {
         let mut floor = ClaimFloor::default();
         let t0 = Instant::now();
         // The first drain claims from the first row.
-        let first = floor.start(t0, 100);
+        let first = floor.start(t0, Some(100));
         assert_eq!((first.from, first.settled), (0, None));
         floor.finished(first);
         // Before id 100 has settled, drains start at 0 still, and note their ids a second apart.
-        let early = floor.start(t0 + SECOND / 2, 150);
+        assert!(!floor.wants_mark(t0 + SECOND / 2), "a second apart");
+        let early = floor.start(t0 + SECOND / 2, None);
         assert_eq!((early.from, early.settled), (0, None));
         floor.finished(early);
-        let later = floor.start(t0 + SECOND * 2, 200);
+        let later = floor.start(t0 + SECOND * 2, Some(200));
         floor.finished(later);
         assert_eq!(
             floor.marks.iter().map(|m| m.1).collect::<Vec<_>>(),
             [100, 200]
         );
         // Settled, 100 is passed by the drain that started then, once it has finished.
-        let settling = floor.start(t0 + SETTLED_AFTER, 300);
+        let settling = floor.start(t0 + SETTLED_AFTER, Some(300));
         assert_eq!((settling.from, settling.settled), (0, Some(100)));
         floor.finished(settling);
-        let next = floor.start(t0 + SETTLED_AFTER + SECOND * 3, 400);
+        let next = floor.start(t0 + SETTLED_AFTER + SECOND * 3, Some(400));
         assert_eq!((next.from, next.settled), (101, Some(200)));
         // A drain that fails moves nothing; the next starts at the same floor.
-        let failing = floor.start(t0 + SETTLED_AFTER * 2, 500);
+        let failing = floor.start(t0 + SETTLED_AFTER * 2, Some(500));
         assert_eq!(failing.from, 101);
-        let after = floor.start(t0 + SETTLED_AFTER * 2 + SECOND, 500);
+        let after = floor.start(t0 + SETTLED_AFTER * 2 + SECOND, Some(500));
         assert_eq!(after.from, 101);
         floor.finished(next);
         floor.finished(after);
@@ -573,18 +582,18 @@ mod tests {
         let mut floor = ClaimFloor::default();
         let t0 = Instant::now();
         for (at, last_id) in [(t0, 10), (t0 + SETTLED_AFTER, 20)] {
-            let drain = floor.start(at, last_id);
+            let drain = floor.start(at, Some(last_id));
             floor.finished(drain);
         }
-        let partial = floor.start(t0 + SETTLED_AFTER + SECOND, 30);
+        let partial = floor.start(t0 + SETTLED_AFTER + SECOND, Some(30));
         assert_eq!((partial.from, partial.full_at), (11, None));
         floor.finished(partial);
-        let full = floor.start(t0 + FULL_CLAIM_EVERY, 40);
+        let full = floor.start(t0 + FULL_CLAIM_EVERY, Some(40));
         assert_eq!(full.from, 0);
         floor.finished(full);
         assert_eq!(floor.floor, 31);
         let t1 = t0 + FULL_CLAIM_EVERY + SETTLED_AFTER;
-        let cut_short = floor.start(t1, 50);
+        let cut_short = floor.start(t1, Some(50));
         assert_eq!((cut_short.from, cut_short.settled), (31, Some(40)));
         floor.failed();
         floor.finished(cut_short);
@@ -593,11 +602,11 @@ mod tests {
             "a drain that started before the failure moves nothing"
         );
         // From the first row, and the ids noted before the failure count no more.
-        let after = floor.start(t1 + SECOND, 5);
+        let after = floor.start(t1 + SECOND, Some(5));
         assert_eq!((after.from, after.settled), (0, None));
         assert!(after.full_at.is_some());
         floor.finished(after);
-        let settled = floor.start(t1 + SECOND + SETTLED_AFTER, 6);
+        let settled = floor.start(t1 + SECOND + SETTLED_AFTER, Some(6));
         assert_eq!((settled.from, settled.settled), (0, Some(5)));
         floor.finished(settled);
         assert_eq!(floor.floor, 6);
