@@ -1,6 +1,8 @@
-//! Plans: a statement that finds rows by key reads them by key, however few rows the partial
+//! Plans: every statement reads the tables that grow by index, in an empty database and a large
+//! one; a statement that finds rows by key reads them by key, however few rows the partial
 //! indexes on the same table hold live; one given delivery ids reads only the day partitions
-//! between the least and the greatest of them, and the fan-out none before the floor of its reads. Each statement is planned as the services plan it
+//! between the least and the greatest of them, and the fan-out none before the floor of its
+//! reads. Each statement is planned as the services plan it
 //! (once per connection, generically), after statistics that make those indexes look cheap; a
 //! plan through one of them would visit every entry left since the index's last vacuum, on every
 //! call (see `tocsin_storage::SESSION_SETTINGS`).
@@ -191,12 +193,296 @@ async fn the_relays_claim_starts_at_its_floor() {
     );
 }
 
+#[derive(diesel::QueryableByName)]
+struct PlanLine {
+    #[diesel(sql_type = diesel::sql_types::Text, column_name = "QUERY PLAN")]
+    line: String,
+}
+
 async fn explain(conn: &mut AsyncPgConnection, statement: String) -> String {
-    #[derive(diesel::QueryableByName)]
-    struct PlanLine {
-        #[diesel(sql_type = diesel::sql_types::Text, column_name = "QUERY PLAN")]
-        line: String,
-    }
     let lines: Vec<PlanLine> = diesel::sql_query(statement).load(conn).await.unwrap();
     lines.into_iter().map(|l| l.line + "\n").collect()
+}
+
+/// Tables that grow with traffic: a plan that reads one of them whole would cost more every day.
+const GROWING: [&str; 7] = [
+    "incidents",
+    "events",
+    "deliveries",
+    "attempts",
+    "outbox",
+    "webhook_outcomes",
+    "audit_log",
+];
+
+/// The service statements the storage crate runs, each once on `conn`: its own SQL files
+/// prepared by name, and the rest (built with diesel) run through the functions that use them.
+async fn prepare_every_statement(conn: &mut AsyncPgConnection) {
+    use std::time::Duration;
+    use time::OffsetDateTime;
+    use tocsin_storage::{audit, deliveries, health, incidents, outbox, tokens, webhooks, Page};
+
+    for (file, sql) in SQL_FILES {
+        let name = format!("file_{}", file.trim_end_matches(".sql"));
+        execute(conn, format!("PREPARE {name} AS {sql}")).await;
+    }
+    let webhook = webhook_for_every_event(conn, "every statement").await;
+    let id = delivery_to(conn, "every statement", webhook.id).await;
+    let job = claim_auto(conn, id, 0).await.unwrap();
+    complete(conn, completion(&job, answered(500)))
+        .await
+        .unwrap();
+    let delivery = deliveries::get(conn, id).await.unwrap();
+    let page = Page {
+        limit: 50,
+        cursor: None,
+    };
+    let next = Page {
+        limit: 50,
+        cursor: Some(tocsin_storage::Cursor {
+            at: delivery.created_at,
+            id,
+        }),
+    };
+    let filters = [
+        deliveries::DeliveryFilter::default(),
+        deliveries::DeliveryFilter {
+            webhook_id: Some(webhook.id),
+            ..Default::default()
+        },
+        deliveries::DeliveryFilter {
+            incident_id: Some(delivery.incident_id),
+            ..Default::default()
+        },
+        deliveries::DeliveryFilter {
+            state: Some(delivery.state),
+            ..Default::default()
+        },
+    ];
+    for filter in &filters {
+        for page in [&page, &next] {
+            deliveries::list(conn, filter, page).await.unwrap();
+        }
+    }
+    deliveries::get_detail(conn, id).await.unwrap();
+    let cursor = tocsin_storage::Cursor {
+        at: OffsetDateTime::UNIX_EPOCH,
+        id: uuid::Uuid::nil(),
+    };
+    deliveries::failed_page(conn, webhook.id, cursor, 50)
+        .await
+        .unwrap();
+    deliveries::recover_disabled(conn, webhook.id, OffsetDateTime::UNIX_EPOCH, 50)
+        .await
+        .unwrap();
+    deliveries::latest_for_webhooks(conn, &[webhook.id])
+        .await
+        .unwrap();
+    deliveries::count_unfinished(conn).await.unwrap();
+    deliveries::count_waiting(conn).await.unwrap();
+    deliveries::claim_overdue(conn, Duration::from_secs(60), 50)
+        .await
+        .unwrap();
+    incidents::get(conn, delivery.incident_id).await.unwrap();
+    incidents::list(conn, &incidents::IncidentFilter::default(), &page)
+        .await
+        .unwrap();
+    health::for_webhooks(conn, &[webhook.id]).await.unwrap();
+    health::all(conn).await.unwrap();
+    health::auto_disable(conn, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    audit::list(conn, &audit::AuditFilter::default(), &page)
+        .await
+        .unwrap();
+    webhooks::list(conn, &page).await.unwrap();
+    tokens::list(conn, &page).await.unwrap();
+    outbox::backlog(conn).await.unwrap();
+    outbox::last_id(conn).await.unwrap();
+}
+
+/// Every SQL file of the storage crate.
+const SQL_FILES: [(&str, &str); 20] = [
+    ("claim.sql", include_str!("../../src/sql/claim.sql")),
+    (
+        "claim_and_mark.sql",
+        include_str!("../../src/sql/claim_and_mark.sql"),
+    ),
+    (
+        "claim_overdue.sql",
+        include_str!("../../src/sql/claim_overdue.sql"),
+    ),
+    ("complete.sql", include_str!("../../src/sql/complete.sql")),
+    (
+        "failing_webhooks.sql",
+        include_str!("../../src/sql/failing_webhooks.sql"),
+    ),
+    ("fan_out.sql", include_str!("../../src/sql/fan_out.sql")),
+    ("health.sql", include_str!("../../src/sql/health.sql")),
+    (
+        "interrupted.sql",
+        include_str!("../../src/sql/interrupted.sql"),
+    ),
+    (
+        "next_in_order.sql",
+        include_str!("../../src/sql/next_in_order.sql"),
+    ),
+    ("open_all.sql", include_str!("../../src/sql/open_all.sql")),
+    (
+        "prune_deliveries.sql",
+        include_str!("../../src/sql/prune_deliveries.sql"),
+    ),
+    (
+        "prune_events.sql",
+        include_str!("../../src/sql/prune_events.sql"),
+    ),
+    (
+        "prune_outbox.sql",
+        include_str!("../../src/sql/prune_outbox.sql"),
+    ),
+    (
+        "prune_outcome_buckets.sql",
+        include_str!("../../src/sql/prune_outcome_buckets.sql"),
+    ),
+    (
+        "record_health.sql",
+        include_str!("../../src/sql/record_health.sql"),
+    ),
+    (
+        "recover_disabled.sql",
+        include_str!("../../src/sql/recover_disabled.sql"),
+    ),
+    ("stop.sql", include_str!("../../src/sql/stop.sql")),
+    (
+        "take_waiting.sql",
+        include_str!("../../src/sql/take_waiting.sql"),
+    ),
+    ("wait.sql", include_str!("../../src/sql/wait.sql")),
+    ("waits_for.sql", include_str!("../../src/sql/waits_for.sql")),
+];
+
+/// The plans of every statement prepared on `conn`, each planned generically (NULL for every
+/// parameter), as `(statement, plan)`.
+async fn plans_of_prepared(conn: &mut AsyncPgConnection) -> Vec<(String, String)> {
+    #[derive(diesel::QueryableByName)]
+    struct Prepared {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        name: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        statement: String,
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        parameters: i32,
+    }
+    let prepared: Vec<Prepared> = diesel::sql_query(
+        "SELECT name, statement, cardinality(parameter_types) AS parameters \
+         FROM pg_prepared_statements ORDER BY name",
+    )
+    .load(conn)
+    .await
+    .unwrap();
+    let mut plans = Vec::new();
+    for p in prepared {
+        let arguments = vec!["NULL"; p.parameters as usize].join(", ");
+        let call = if arguments.is_empty() {
+            p.name.clone()
+        } else {
+            format!("{}({arguments})", p.name)
+        };
+        // The statements diesel does not keep are closed as the next one runs: gone by now.
+        let lines: Result<Vec<PlanLine>, _> = diesel::sql_query(format!("EXPLAIN EXECUTE {call}"))
+            .load(conn)
+            .await;
+        if let Ok(lines) = lines {
+            let plan = lines.into_iter().map(|l| l.line + "\n").collect();
+            plans.push((p.statement, plan));
+        }
+    }
+    plans
+}
+
+/// The growing tables a plan reads whole.
+fn full_scans(plan: &str) -> Vec<String> {
+    plan.lines()
+        .filter_map(|line| line.split("Seq Scan on ").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter(|table| {
+            GROWING
+                .iter()
+                .any(|g| *table == *g || table.starts_with(&format!("{g}_")))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Fills the growing tables to tens of thousands of rows each, today's partitions among them,
+/// with `tocsin-bench aged`'s generator, and gives them statistics.
+async fn fill(conn: &mut AsyncPgConnection, webhook: uuid::Uuid) {
+    use tocsin_storage::partitions;
+    let today = time::OffsetDateTime::now_utc().date();
+    for ago in 0..3 {
+        let day = today - time::Duration::days(ago);
+        for (table, _) in partitions::TABLES {
+            partitions::make_day(conn, table, day).await.unwrap();
+        }
+        // Through today's end for today: ids (and partitions) of today only.
+        let start = day.midnight().assume_utc();
+        execute(
+            conn,
+            include_str!("../../../bench/src/aged_fill.sql")
+                .replace("$1", &format!("'{start}'::timestamptz"))
+                .replace("$2", "10000")
+                .replace("$3", &format!("ARRAY['{webhook}']::uuid[]"))
+                .replace("$4", "0.05"),
+        )
+        .await;
+    }
+    for sql in [
+        "INSERT INTO outbox (topic, headers, payload, created_at, published_at) \
+         SELECT 'event', '{}', '\\x', now() - n * interval '1 s', now() - n * interval '1 s' \
+         FROM generate_series(1, 50000) n"
+            .to_owned(),
+        format!(
+            "INSERT INTO webhook_outcomes (webhook_id, bucket, successes, failures) \
+             SELECT '{webhook}', now() - n * interval '1 minute', 1, 0 \
+             FROM generate_series(1, 20000) n"
+        ),
+        "INSERT INTO audit_log (id, created_at, actor_kind, actor_name, surface, action, \
+         resource_type) SELECT gen_random_uuid(), now() - n * interval '1 s', 'cli', 'cli', \
+         'cli', 'webhook.update', 'webhook' FROM generate_series(1, 20000) n"
+            .to_owned(),
+        "VACUUM ANALYZE".to_owned(),
+    ] {
+        execute(conn, sql).await;
+    }
+}
+
+/// Every statement, planned as the services plan it, reads the growing tables by index both in
+/// a new database (tables and partitions empty, never vacuumed) and in one whose tables hold
+/// tens of thousands of rows with statistics (and whose partitions ahead are empty and
+/// vacuumed). It fails without `enable_seqscan = off` in `SESSION_SETTINGS`.
+#[tokio::test]
+async fn every_statement_reads_growing_tables_by_index_empty_or_large() {
+    let db = TestDb::new().await;
+    // One connection, so that every statement is prepared in the session whose plans are read.
+    let pool = tocsin_storage::pool(&db.url, 1).unwrap();
+    let mut conn = pool.get().await.unwrap();
+    prepare_every_statement(&mut conn).await;
+    let mut scans = Vec::new();
+    let empty = plans_of_prepared(&mut conn).await;
+    let webhook = webhook_for_every_event(&mut conn, "large").await;
+    fill(&mut conn, webhook.id).await;
+    // ANALYZE made every plan stale: each is made again, on the large tables.
+    let large = plans_of_prepared(&mut conn).await;
+    assert!(empty.len() > SQL_FILES.len() && large.len() == empty.len());
+    for (size, plans) in [("empty", empty), ("large", large)] {
+        for (statement, plan) in plans {
+            let tables = full_scans(&plan);
+            if !tables.is_empty() {
+                scans.push(format!(
+                    "{size}: reads {tables:?} whole:\n{statement}\n{plan}"
+                ));
+            }
+        }
+    }
+    assert!(scans.is_empty(), "{}", scans.join("\n-----\n"));
 }
