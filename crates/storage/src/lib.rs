@@ -423,7 +423,7 @@ where
 ///   mode plan them again on every call: a third of its time under load.
 /// - `enable_seqscan = off`: every query of the services is meant to be an index lookup, and a
 ///   plan made once must stay one. PostgreSQL makes a plan again only when statistics change,
-///   which without autovacuum (this project's CI) never happens. Without the setting, of the 47
+///   which without autovacuum (this project's CI) never happens. Without the setting, of the 52
 ///   statements `plans::every_statement_reads_growing_tables_by_index_empty_or_large` plans, 7
 ///   read a table whole in a new database; in one of tens of thousands of rows, 8 still read
 ///   those tables whole (prunes, health, the metrics' counts) and 10 the vacuumed, empty

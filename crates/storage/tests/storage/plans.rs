@@ -220,7 +220,9 @@ const GROWING: [&str; 7] = [
 async fn prepare_every_statement(conn: &mut AsyncPgConnection) {
     use std::time::Duration;
     use time::OffsetDateTime;
-    use tocsin_storage::{audit, deliveries, health, incidents, outbox, tokens, webhooks, Page};
+    use tocsin_storage::{
+        audit, deliveries, health, incidents, outbox, replays, tokens, webhooks, Page,
+    };
 
     for (file, sql) in SQL_FILES {
         let name = format!("file_{}", file.trim_end_matches(".sql"));
@@ -299,6 +301,28 @@ async fn prepare_every_statement(conn: &mut AsyncPgConnection) {
     tokens::list(conn, &page).await.unwrap();
     outbox::backlog(conn).await.unwrap();
     outbox::last_id(conn).await.unwrap();
+    outbox::mark_published(conn, &[1]).await.unwrap();
+    outbox::release(conn, &[1]).await.unwrap();
+    outbox::enqueue_attempt(conn, &[id], tocsin_domain::delivery::Trigger::Manual)
+        .await
+        .unwrap();
+    incidents::change_status(
+        conn,
+        delivery.incident_id,
+        tocsin_domain::IncidentStatus::Acknowledged,
+    )
+    .await
+    .unwrap();
+    let replay = replays::NewReplay {
+        webhook_id: webhook.id,
+        since: OffsetDateTime::UNIX_EPOCH,
+        until: None,
+        kinds: None,
+    };
+    replays::create(conn, &replay).await.unwrap();
+    replays::advance(conn, 1000, Duration::from_secs(1))
+        .await
+        .unwrap();
 }
 
 /// Every SQL file of the storage crate.
