@@ -412,13 +412,17 @@ async fn plans_of_prepared(conn: &mut AsyncPgConnection) -> Vec<(String, String)
         } else {
             format!("{}({arguments})", p.name)
         };
-        // The statements diesel does not keep are closed as the next one runs: gone by now.
         let lines: Result<Vec<PlanLine>, _> = diesel::sql_query(format!("EXPLAIN EXECUTE {call}"))
             .load(conn)
             .await;
-        if let Ok(lines) = lines {
-            let plan = lines.into_iter().map(|l| l.line + "\n").collect();
-            plans.push((p.statement, plan));
+        match lines {
+            Ok(lines) => {
+                let plan = lines.into_iter().map(|l| l.line + "\n").collect();
+                plans.push((p.statement, plan));
+            }
+            // A statement diesel does not keep is closed once the next one runs.
+            Err(error) if error.to_string().contains("does not exist") => {}
+            Err(error) => panic!("planning {}: {error}", p.statement),
         }
     }
     plans
@@ -497,7 +501,7 @@ async fn every_statement_reads_growing_tables_by_index_empty_or_large() {
     fill(&mut conn, webhook.id).await;
     // ANALYZE made every plan stale: each is made again, on the large tables.
     let large = plans_of_prepared(&mut conn).await;
-    assert!(empty.len() > SQL_FILES.len() && large.len() == empty.len());
+    assert!(empty.len() > SQL_FILES.len() && large.len() >= empty.len());
     for (size, plans) in [("empty", empty), ("large", large)] {
         for (statement, plan) in plans {
             let tables = full_scans(&plan);
