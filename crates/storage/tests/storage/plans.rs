@@ -325,64 +325,35 @@ async fn prepare_every_statement(conn: &mut AsyncPgConnection) {
         .unwrap();
 }
 
+/// Each named SQL file of the storage crate, as `(name, text)`.
+macro_rules! sql_files {
+    ($($file:literal),* $(,)?) => {
+        [$(($file, include_str!(concat!("../../src/sql/", $file)))),*]
+    };
+}
+
 /// Every SQL file of the storage crate.
-const SQL_FILES: [(&str, &str); 20] = [
-    ("claim.sql", include_str!("../../src/sql/claim.sql")),
-    (
-        "claim_and_mark.sql",
-        include_str!("../../src/sql/claim_and_mark.sql"),
-    ),
-    (
-        "claim_overdue.sql",
-        include_str!("../../src/sql/claim_overdue.sql"),
-    ),
-    ("complete.sql", include_str!("../../src/sql/complete.sql")),
-    (
-        "failing_webhooks.sql",
-        include_str!("../../src/sql/failing_webhooks.sql"),
-    ),
-    ("fan_out.sql", include_str!("../../src/sql/fan_out.sql")),
-    ("health.sql", include_str!("../../src/sql/health.sql")),
-    (
-        "interrupted.sql",
-        include_str!("../../src/sql/interrupted.sql"),
-    ),
-    (
-        "next_in_order.sql",
-        include_str!("../../src/sql/next_in_order.sql"),
-    ),
-    ("open_all.sql", include_str!("../../src/sql/open_all.sql")),
-    (
-        "prune_deliveries.sql",
-        include_str!("../../src/sql/prune_deliveries.sql"),
-    ),
-    (
-        "prune_events.sql",
-        include_str!("../../src/sql/prune_events.sql"),
-    ),
-    (
-        "prune_outbox.sql",
-        include_str!("../../src/sql/prune_outbox.sql"),
-    ),
-    (
-        "prune_outcome_buckets.sql",
-        include_str!("../../src/sql/prune_outcome_buckets.sql"),
-    ),
-    (
-        "record_health.sql",
-        include_str!("../../src/sql/record_health.sql"),
-    ),
-    (
-        "recover_disabled.sql",
-        include_str!("../../src/sql/recover_disabled.sql"),
-    ),
-    ("stop.sql", include_str!("../../src/sql/stop.sql")),
-    (
-        "take_waiting.sql",
-        include_str!("../../src/sql/take_waiting.sql"),
-    ),
-    ("wait.sql", include_str!("../../src/sql/wait.sql")),
-    ("waits_for.sql", include_str!("../../src/sql/waits_for.sql")),
+const SQL_FILES: [(&str, &str); 20] = sql_files![
+    "claim.sql",
+    "claim_and_mark.sql",
+    "claim_overdue.sql",
+    "complete.sql",
+    "failing_webhooks.sql",
+    "fan_out.sql",
+    "health.sql",
+    "interrupted.sql",
+    "next_in_order.sql",
+    "open_all.sql",
+    "prune_deliveries.sql",
+    "prune_events.sql",
+    "prune_outbox.sql",
+    "prune_outcome_buckets.sql",
+    "record_health.sql",
+    "recover_disabled.sql",
+    "stop.sql",
+    "take_waiting.sql",
+    "wait.sql",
+    "waits_for.sql",
 ];
 
 /// The plans of every statement prepared on `conn`, each planned generically (NULL for every
@@ -490,6 +461,14 @@ async fn fill(conn: &mut AsyncPgConnection, webhook: uuid::Uuid) {
 /// vacuumed). It fails without `enable_seqscan = off` in `SESSION_SETTINGS`.
 #[tokio::test]
 async fn every_statement_reads_growing_tables_by_index_empty_or_large() {
+    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src/sql"))
+        .unwrap()
+        .count();
+    assert_eq!(
+        files,
+        SQL_FILES.len(),
+        "an SQL file is missing from SQL_FILES"
+    );
     let db = TestDb::new().await;
     // One connection, so that every statement is prepared in the session whose plans are read.
     let pool = tocsin_storage::pool(&db.url, 1).unwrap();
