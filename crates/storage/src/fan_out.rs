@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::attempts::{Job, JobRow};
 use crate::deliveries::{millis, Delivery, Due};
-use crate::partitions::{time_floor, v7_millis};
+use crate::partitions::{day_floor, v7_millis};
 use crate::schema::deliveries;
 use crate::statement::Statement;
 use crate::DbError;
@@ -90,7 +90,7 @@ pub async fn fan_out(
     let incidents: Vec<Uuid> = firsts.iter().map(|e| e.incident_id).collect();
     let tests: Vec<Option<Uuid>> = firsts.iter().map(|e| e.test_webhook_id).collect();
     let floor = read_floor(&firsts, OffsetDateTime::now_utc());
-    let created: Vec<JobRow> = Statement::new(include_str!("sql/fan_out.sql"))
+    let created: Vec<JobRow> = Statement::new(statement_from(floor))
         .bind::<Array<SqlUuid>, _>(&ids)
         .bind::<Array<Text>, _>(&kinds)
         .bind::<Array<SqlUuid>, _>(&incidents)
@@ -100,7 +100,6 @@ pub async fn fan_out(
         .bind::<BigInt, _>(millis(rules.lease_margin))
         .bind::<Array<Int8>, _>(&rooms)
         .bind::<Nullable<SqlUuid>, _>(rules.replay_to)
-        .bind::<SqlUuid, _>(floor)
         .load(conn)
         .await?;
     let mut results = vec![FannedOut::default(); events.len()];
@@ -173,9 +172,9 @@ pub async fn fan_out(
 const CLOCK_SKEW_MILLIS: u64 = 3_600_000;
 
 /// The least id the fan-out of `events` reads in `events` and `deliveries`, so that PostgreSQL
-/// leaves the older days' partitions out when the statement starts: the time the oldest of
-/// their incidents opened (an incident's events come after it, and a delivery's id holds its
-/// event's time, or, made before the delivery log was reshaped, a later one), less
+/// leaves the older days' partitions out: the first id of the day in which the oldest of their
+/// incidents opened (an incident's events come after it, and a delivery's id holds its event's
+/// time, or, made before the delivery log was reshaped, a later one), less
 /// [`CLOCK_SKEW_MILLIS`] for the clocks of other hosts. An id that holds no time (not a
 /// UUIDv7) leaves every day in.
 fn read_floor(events: &[&FanOut], now: OffsetDateTime) -> Uuid {
@@ -185,7 +184,18 @@ fn read_floor(events: &[&FanOut], now: OffsetDateTime) -> Uuid {
             low = low.min(v7_millis(id).unwrap_or(0));
         }
     }
-    time_floor(low.saturating_sub(CLOCK_SKEW_MILLIS))
+    let low = low.saturating_sub(CLOCK_SKEW_MILLIS);
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(low) * 1_000_000)
+        .map_or(Uuid::nil(), |at| day_floor(at.date()))
+}
+
+/// `sql/fan_out.sql` with its read floor written in (`$10`) as a literal: PostgreSQL then plans
+/// only the partitions from that day on, once per connection and floor (a day, mostly today's
+/// or yesterday's). With the floor a parameter, its generic plan held every partition, and was
+/// made again on every connection whenever retention dropped a day: 22-25 ms at 37 partitions,
+/// against 2.7-3.0 ms with the literal (psql, three runs each).
+pub fn statement_from(floor: Uuid) -> String {
+    include_str!("sql/fan_out.sql").replace("$10", &format!("'{floor}'::uuid"))
 }
 
 #[cfg(test)]
@@ -203,9 +213,8 @@ mod tests {
     }
 
     #[test]
-    fn the_reads_start_an_hour_before_the_oldest_incident_opened() {
+    fn the_reads_start_the_day_of_an_hour_before_the_oldest_incident_opened() {
         let now = OffsetDateTime::now_utc();
-        let millis = |t: OffsetDateTime| (t.unix_timestamp_nanos() / 1_000_000) as u64;
         let v7 = |t: OffsetDateTime| {
             let secs = t.unix_timestamp() as u64;
             Uuid::new_v7(uuid::Timestamp::from_unix(
@@ -221,7 +230,9 @@ mod tests {
         ];
         let firsts: Vec<&FanOut> = events.iter().collect();
         let floor = read_floor(&firsts, now);
-        assert_eq!(floor, time_floor(millis(now - day * 3) - CLOCK_SKEW_MILLIS));
+        let oldest: OffsetDateTime =
+            now - day * 3 - time::Duration::milliseconds(CLOCK_SKEW_MILLIS as i64);
+        assert_eq!(floor, day_floor(oldest.date()));
         // An incident whose id holds no time: every day.
         let events = [event(Uuid::new_v4(), v7(now))];
         assert_eq!(read_floor(&[&events[0]], now), Uuid::nil());

@@ -15,6 +15,7 @@ use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::result::QueryResult;
 use diesel::serialize::ToSql;
 use diesel::sql_types::{HasSqlType, Untyped};
+use std::borrow::Cow;
 use std::marker::PhantomData;
 
 /// One bound value of a [`Statement`].
@@ -40,14 +41,16 @@ where
 /// Fixed SQL text and its binds: `$n` in the text stands for the n-th value given to
 /// [`Statement::bind`], as often as it appears.
 pub(crate) struct Statement<'a> {
-    sql: &'static str,
+    sql: Cow<'static, str>,
     binds: Vec<Box<dyn Bind + 'a>>,
 }
 
 impl<'a> Statement<'a> {
-    pub fn new(sql: &'static str) -> Self {
+    /// `sql` is usually a file's text; text made at run time is prepared once per connection
+    /// for each distinct text (diesel's statement cache keys it by its text).
+    pub fn new(sql: impl Into<Cow<'static, str>>) -> Self {
         Statement {
-            sql,
+            sql: sql.into(),
             binds: Vec::new(),
         }
     }
@@ -74,7 +77,7 @@ impl QueryFragment<Pg> for Statement<'_> {
         // parameters it is given from 1, so a repeat names the number its first use got.
         let mut sent: Vec<Option<usize>> = vec![None; self.binds.len()];
         let mut count = 0;
-        for piece in pieces(self.sql) {
+        for piece in pieces(&self.sql) {
             match piece {
                 Piece::Sql(text) => out.push_sql(text),
                 Piece::Placeholder(number) => {
