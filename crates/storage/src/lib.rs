@@ -366,7 +366,25 @@ impl Page {
 /// The connection returned last is handed out first (`QueueMode::Lifo`): at a low rate the same
 /// few connections serve one statement after another, their PostgreSQL backends awake and
 /// their statements prepared, while the rest of the pool stays idle until the load needs it.
+///
+/// A connection is replaced once it is [`CONNECTION_MAX_AGE`] old, when it is next taken.
 pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<DbPool> {
+    pool_with_max_age(database_url, max_size, CONNECTION_MAX_AGE)
+}
+
+/// How long a pooled connection serves before it is closed and a new one opened in its stead,
+/// at its next checkout. A connection keeps every statement it prepared, and the fan-out's text
+/// changes with the day of its read floor (`fan_out.rs`): each day's plan held about 1 MB in
+/// the connection's PostgreSQL backend (`pg_backend_memory_contexts`, 37 partitions). A new
+/// connection costs a connect and its first plans, once an hour.
+pub const CONNECTION_MAX_AGE: Duration = Duration::from_secs(3600);
+
+/// [`pool`], its connections replaced once they are `max_age` old.
+pub fn pool_with_max_age(
+    database_url: &str,
+    max_size: usize,
+    max_age: Duration,
+) -> anyhow::Result<DbPool> {
     let mut config = ManagerConfig::default();
     config.recycling_method = RecyclingMethod::Fast;
     config.custom_setup = Box::new(|url| Box::pin(connect_for_pool(url.to_owned())));
@@ -379,6 +397,15 @@ pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<DbPool> {
         .create_timeout(Some(Duration::from_secs(5)))
         .recycle_timeout(Some(Duration::from_secs(5)))
         .runtime(deadpool::Runtime::Tokio1)
+        .pre_recycle(deadpool::managed::Hook::sync_fn(move |_, metrics| {
+            if metrics.age() >= max_age {
+                Err(deadpool::managed::HookError::Message(
+                    "the connection is past its age".into(),
+                ))
+            } else {
+                Ok(())
+            }
+        }))
         .build()
         .context("building the PostgreSQL pool")
 }

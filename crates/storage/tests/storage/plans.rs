@@ -153,7 +153,7 @@ async fn the_fan_out_reads_no_day_before_the_floor_of_its_reads() {
     let today_date = yesterday.next_day().unwrap();
     let sql = tocsin_storage::fan_out::statement_from(partitions::day_floor(today_date));
     execute(&mut conn, format!("PREPARE fan_out AS {sql}")).await;
-    let arguments = vec!["NULL"; 9];
+    let arguments = ["NULL"; 9];
     let plan = explain(
         &mut conn,
         format!("EXPLAIN EXECUTE fan_out({})", arguments.join(", ")),

@@ -1,5 +1,5 @@
-//! The pool and ping: pooled connections' session settings, an unreachable database, and a
-//! multi-host database URL that skips an unreachable host.
+//! The pool and ping: pooled connections' session settings and age, an unreachable database,
+//! and a multi-host database URL that skips an unreachable host.
 
 use std::time::Duration;
 
@@ -27,6 +27,24 @@ async fn pooled_connections_plan_once_with_index_scans_and_no_jit() {
         .unwrap();
         assert_eq!(value, expected, "{setting}");
     }
+}
+
+/// A connection past its age is replaced when it is next taken; a younger one is handed out again.
+#[tokio::test]
+async fn a_connection_past_its_age_is_replaced() {
+    use diesel::sql_types::Integer;
+    let db = TestDb::new().await;
+    async fn backend(pool: &tocsin_storage::DbPool) -> i32 {
+        let mut conn = pool.get().await.unwrap();
+        diesel::select(diesel::dsl::sql::<Integer>("pg_backend_pid()"))
+            .get_result(&mut conn)
+            .await
+            .unwrap()
+    }
+    let young = tocsin_storage::pool_with_max_age(&db.url, 1, Duration::from_secs(3600)).unwrap();
+    assert_eq!(backend(&young).await, backend(&young).await, "kept");
+    let old = tocsin_storage::pool_with_max_age(&db.url, 1, Duration::ZERO).unwrap();
+    assert_ne!(backend(&old).await, backend(&old).await, "replaced");
 }
 
 #[tokio::test]
