@@ -534,9 +534,8 @@ pub struct Expired {
 /// One transaction a day, because every change to a partitioned table's partitions makes each
 /// connection plan its statements on that table again, and a generic plan over a month of
 /// partitions takes tens of milliseconds to make (`sql/fan_out.sql` took 32.5 ms at 37 before
-/// it planned only the days from its floor): done
-/// once a day, not once a table and step, it costs the services' traffic one plan per
-/// connection.
+/// it planned only the days from its floor): done once a day, not once a table and step, it
+/// costs the services' traffic one plan per connection.
 pub async fn expire(
     conn: &mut AsyncPgConnection,
     cutoff: OffsetDateTime,
@@ -632,8 +631,8 @@ async fn expire_day(
                      CREATE TEMP TABLE kept_deliveries ON COMMIT DROP AS
                          SELECT * FROM {deliveries} d WHERE {UNFINISHED};
                      CREATE TEMP TABLE kept_events ON COMMIT DROP AS
-                         SELECT * FROM {events} e WHERE e.id IN (SELECT event_id FROM kept_deliveries)
-                             OR {ANNOUNCED};"
+                         SELECT * FROM {events} e WHERE e.id = ANY (ARRAY(
+                             SELECT event_id FROM kept_deliveries UNION {ANNOUNCED}));"
                 ))
                 .await?;
                 let kept = count(
@@ -680,10 +679,14 @@ async fn expire_day(
 
 /// An unfinished delivery (`d`): kept when its day expires.
 const UNFINISHED: &str = "d.state IN ('pending', 'retrying', 'waiting')";
-/// An event (`e`) that an outbox row still to publish announces: kept for the relay.
-const ANNOUNCED: &str =
-    "e.id IN (SELECT (convert_from(o.payload, 'UTF8')::jsonb ->> 'event_id')::uuid \
-     FROM outbox o WHERE o.published_at IS NULL AND o.topic = 'event')";
+/// The events that an outbox row still to publish announces: kept for the relay. The events
+/// kept are looked up by id among these and the unfinished deliveries' (`id = ANY (ARRAY(..))`,
+/// an index lookup). Written as `id IN (..) OR id IN (..)`, PostgreSQL read the day's events
+/// whole with the delivery log locked: 78 ms for 55 000 events, 4.5 ms by id. Beside a 200/s
+/// load (pgbench, 5 M aged deliveries), a day's removal then held a statement up to 108-231 ms
+/// (five passes); by id, 24 and 27.5 ms.
+const ANNOUNCED: &str = "SELECT (convert_from(o.payload, 'UTF8')::jsonb ->> 'event_id')::uuid \
+     FROM outbox o WHERE o.published_at IS NULL AND o.topic = 'event'";
 
 /// Drops what is left of a day an earlier version began to drop partition by partition
 /// (detaching each without blocking) and did not finish: a detach under way is finished first.
