@@ -17,6 +17,8 @@
 //! - Unfinished deliveries are never removed: when a day with some expires, they are kept with
 //!   their attempts and events, and the rest of the day goes.
 
+use std::time::Duration;
+
 use diesel::sql_types::{BigInt, Bool, Text};
 use diesel::QueryableByName;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
@@ -36,15 +38,33 @@ pub const TABLES: [(&str, &str); 3] = [
     ("attempts", "delivery_id"),
 ];
 
-/// How long a reshape or an expiry waits for a lock before trying again: the services' own
-/// statements wait behind it meanwhile, so it stays short, and shorter than PostgreSQL's
-/// `deadlock_timeout` (1 s), so that when a service's transaction and this one wait for each
-/// other, this one gives up before the deadlock check could cancel the service's.
-const LOCK_TIMEOUT: &str = "500ms";
+/// How long a reshape or an expiry waits for a lock before it gives up and tries again, for its
+/// first [`SHORT_TRIES`] tries. While it waits, every statement of the services on the same
+/// tables waits behind it, so this is the longest it holds them up, however long the
+/// transaction it waits for lasts (a backup's, a slow report's). At 500 ms, one retention pass
+/// in nine on 5 M aged deliveries held ingest's transaction up to 333 ms, and the 20/s stream's
+/// p99 with it.
+pub const LOCK_TIMEOUT: Duration = Duration::from_millis(50);
+/// Tries at [`LOCK_TIMEOUT`]; each later one waits twice as long as the one before, up to
+/// [`LONGEST_LOCK_TIMEOUT`]: a database whose tables are never free for 50 ms (a test writing
+/// without a pause took 18-50 tries to reshape at 50 ms, 1-3 at 500) still gets its turn.
+const SHORT_TRIES: usize = 10;
+/// The longest a try waits for a lock: below PostgreSQL's `deadlock_timeout` (1 s), so that
+/// when a service's transaction and this one wait for each other, this one gives up before the
+/// deadlock check could cancel the service's.
+const LONGEST_LOCK_TIMEOUT: Duration = Duration::from_millis(500);
+/// The pause between two tries: the services run freely for it, so a lock that stays held costs
+/// them at most one lock timeout a second.
+const LOCK_PAUSE: Duration = Duration::from_secs(1);
 /// How often a step that waits for a lock is tried before the reshape or expiry gives up: a
-/// busy database may hold it off for a while (about four minutes at most), which costs the
-/// services nothing.
+/// busy database may hold it off for a while (about seven minutes at most).
 const LOCK_TRIES: usize = 300;
+
+/// How long the `tries`-th try waits for a lock.
+fn lock_timeout(tries: usize) -> Duration {
+    let doublings = tries.saturating_sub(SHORT_TRIES).min(4) as u32;
+    (LOCK_TIMEOUT * 2u32.pow(doublings)).min(LONGEST_LOCK_TIMEOUT)
+}
 
 /// The first UUIDv7 of a day (UTC): its time in milliseconds, then zeros.
 pub fn day_floor(day: Date) -> Uuid {
@@ -240,8 +260,7 @@ pub async fn make_day(conn: &mut AsyncPgConnection, table: &str, day: Date) -> R
             ));
         }
         conn.batch_execute(&format!(
-            "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';
-             CREATE TABLE IF NOT EXISTS {name}
+            "CREATE TABLE IF NOT EXISTS {name}
                  (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
              {indexes}
              ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES FROM ('{from}') TO ('{to}');"
@@ -252,7 +271,8 @@ pub async fn make_day(conn: &mut AsyncPgConnection, table: &str, day: Date) -> R
     .await
 }
 
-/// Runs `step` until it does not fail for want of a lock, at most [`LOCK_TRIES`] times.
+/// Runs `step` until it does not fail for want of a lock, at most [`LOCK_TRIES`] times, each
+/// try with its session's `lock_timeout` set by [`lock_timeout`] (and reset after the last).
 async fn with_lock_retries<T, F>(conn: &mut AsyncPgConnection, mut step: F) -> Result<T, DbError>
 where
     F: for<'c> FnMut(
@@ -262,12 +282,24 @@ where
     let mut tries = 0;
     loop {
         tries += 1;
+        let timeout = lock_timeout(tries);
+        conn.batch_execute(&format!("SET lock_timeout = '{}ms'", timeout.as_millis()))
+            .await?;
         match step(conn).await {
             Err(error) if tries < LOCK_TRIES && lock_timed_out(&error) => {
-                tracing::info!(%error, tries, "waiting for a lock on the delivery log; trying again");
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                tracing::info!(%error, tries, ?timeout, "waiting for a lock on the delivery log; trying again");
+                tokio::time::sleep(LOCK_PAUSE).await;
             }
-            other => return other,
+            Ok(done) => {
+                conn.batch_execute("RESET lock_timeout").await?;
+                return Ok(done);
+            }
+            // The step's own error says more than a failure to reset, on a connection it may
+            // have broken.
+            Err(error) => {
+                let _ = conn.batch_execute("RESET lock_timeout").await;
+                return Err(error);
+            }
         }
     }
 }
@@ -330,10 +362,8 @@ pub async fn reshape(
                 // Dropping a foreign key locks both of its tables: take them in the order every
                 // other step does.
                 conn.batch_execute(&format!(
-                    "SET lock_timeout = '{LOCK_TIMEOUT}';
-                     LOCK TABLE events, deliveries, attempts IN ACCESS EXCLUSIVE MODE;
-                     ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {constraint};
-                     RESET lock_timeout;"
+                    "LOCK TABLE events, deliveries, attempts IN ACCESS EXCLUSIVE MODE;
+                     ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {constraint};"
                 ))
                 .await?;
                 Ok(())
@@ -359,10 +389,8 @@ pub async fn reshape(
                 let check = check.clone();
                 Box::pin(async move {
                     conn.batch_execute(&format!(
-                        "SET lock_timeout = '{LOCK_TIMEOUT}';
-                         ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {check};
-                         ALTER TABLE {table} ADD CONSTRAINT {check} CHECK ({key} < '{cut}') NOT VALID;
-                         RESET lock_timeout;"
+                        "ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {check};
+                         ALTER TABLE {table} ADD CONSTRAINT {check} CHECK ({key} < '{cut}') NOT VALID;"
                     ))
                     .await?;
                     Ok(())
@@ -449,10 +477,8 @@ async fn swap(
     today: Date,
 ) -> Result<(), DbError> {
     conn.transaction::<_, DbError, _>(async |conn| {
-        conn.batch_execute(&format!(
-            "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE;"
-        ))
-        .await?;
+        conn.batch_execute(&format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+            .await?;
         let indexes = index_definitions(conn, table).await?;
         let old = if empty {
             format!("{table}_replaced")
@@ -626,8 +652,7 @@ async fn expire_day(
                 // The parents first, as the services' statements take them; dropping a
                 // partition locks its parent too.
                 conn.batch_execute(&format!(
-                    "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';
-                     LOCK TABLE events, deliveries, attempts IN ACCESS EXCLUSIVE MODE;
+                    "LOCK TABLE events, deliveries, attempts IN ACCESS EXCLUSIVE MODE;
                      CREATE TEMP TABLE kept_deliveries ON COMMIT DROP AS
                          SELECT * FROM {deliveries} d WHERE {UNFINISHED};
                      CREATE TEMP TABLE kept_events ON COMMIT DROP AS
@@ -704,8 +729,7 @@ async fn drop_remains(conn: &mut AsyncPgConnection, names: &[String]) -> Result<
             ))
             .await?;
         }
-        let drop =
-            format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'; DROP TABLE IF EXISTS {name}");
+        let drop = format!("DROP TABLE IF EXISTS {name}");
         with_lock_retries(conn, |conn| {
             let drop = drop.clone();
             Box::pin(async move {

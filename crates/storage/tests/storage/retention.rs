@@ -268,3 +268,100 @@ async fn what_is_left_of_a_day_dropped_in_part_goes() {
         );
     }
 }
+
+/// Retention waiting for its lock holds the services' statements behind it for at most its lock
+/// timeout, however long the transaction it waits for lasts (a backup's, say): each time it finds
+/// the delivery log's lock still held, it gives up and tries again a second later (for its
+/// first ten tries, and this test needs three). A statement
+/// arriving while it waits, itself allowed to wait 250 ms (five times that timeout), is never
+/// cancelled; at the earlier timeout of 500 ms, it was.
+#[tokio::test]
+async fn retention_waiting_for_a_lock_holds_statements_up_for_at_most_its_lock_timeout() {
+    use diesel_async::SimpleAsyncConnection;
+    use tocsin_storage::{partitions, retention};
+
+    let db = TestDb::new().await;
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let webhook = webhook_for_every_event(&mut conn, "held").await;
+    let id = delivery_to(&mut conn, "held", webhook.id).await;
+    record_attempt(&mut conn, id, answered(200)).await;
+    execute(
+        &mut conn,
+        format!("UPDATE deliveries SET state = 'succeeded' WHERE id = '{id}'"),
+    )
+    .await;
+    execute(
+        &mut conn,
+        "UPDATE outbox SET published_at = now() - interval '2 days'".to_owned(),
+    )
+    .await;
+    // A long transaction that read the delivery log and keeps its lock.
+    let mut holder = AsyncPgConnection::establish(&db.url).await.unwrap();
+    execute(&mut holder, "BEGIN".to_owned()).await;
+    execute(&mut holder, "SELECT 1 FROM ONLY deliveries".to_owned()).await;
+    let now = OffsetDateTime::now_utc();
+    let end_of_today = (now.date() + time::Duration::DAY).midnight().assume_utc();
+    let url = db.url.clone();
+    let pruning = tokio::spawn(async move {
+        let mut conn = AsyncPgConnection::establish(&url).await.unwrap();
+        retention::prune(&mut conn, end_of_today, now - time::Duration::DAY)
+            .await
+            .unwrap()
+    });
+    let mut watcher = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let mut service = AsyncPgConnection::establish(&db.url).await.unwrap();
+    // What a service's statement may be held up by retention: 250 ms, five lock timeouts.
+    let allowed = std::time::Duration::from_millis(250);
+    assert!(partitions::LOCK_TIMEOUT * 5 <= allowed);
+    service
+        .batch_execute(&format!("SET lock_timeout = '{}ms'", allowed.as_millis()))
+        .await
+        .unwrap();
+    // Three of retention's tries, each met by a statement on a table it has locked (the probe
+    // returns once that try has given up).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut met = 0;
+    while met < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "retention tried {met} times in 60 s"
+        );
+        if !retention_waits(&mut watcher).await {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            continue;
+        }
+        if let Err(error) = service.batch_execute("SELECT 1 FROM events").await {
+            panic!("a statement waited behind retention beyond {allowed:?}: {error}");
+        }
+        met += 1;
+    }
+    execute(&mut holder, "COMMIT".to_owned()).await;
+    let pruned = pruning.await.unwrap();
+    assert_eq!(
+        pruned.days,
+        partitions::Expired {
+            dropped: 1,
+            emptied: 0,
+            kept: 0
+        }
+    );
+    assert_eq!(db.count("deliveries").await, 0);
+}
+
+/// Whether a lock on the delivery log is waited for (retention's, in the test above).
+async fn retention_waits(conn: &mut AsyncPgConnection) -> bool {
+    use diesel_async::RunQueryDsl;
+    #[derive(diesel::QueryableByName)]
+    struct Flag {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        flag: bool,
+    }
+    let rows: Vec<Flag> = diesel::sql_query(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted \
+         AND relation = 'deliveries'::regclass) AS flag",
+    )
+    .load(conn)
+    .await
+    .unwrap();
+    rows[0].flag
+}
