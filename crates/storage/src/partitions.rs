@@ -38,32 +38,52 @@ pub const TABLES: [(&str, &str); 3] = [
     ("attempts", "delivery_id"),
 ];
 
-/// How long a reshape or an expiry waits for a lock before it gives up and tries again, for its
-/// first [`SHORT_TRIES`] tries. While it waits, every statement of the services on the same
-/// tables waits behind it, so this is the longest it holds them up, however long the
-/// transaction it waits for lasts (a backup's, a slow report's). At 500 ms, one retention pass
-/// in nine on 5 M aged deliveries held ingest's transaction up to 333 ms, and the 20/s stream's
-/// p99 with it.
+/// How long retention (and the making of partitions ahead) waits for a lock before it gives up
+/// and tries again, for its first [`SHORT_TRIES`] tries. While it waits, every statement of the
+/// services on the same tables waits behind it, so this is the longest it holds them up each
+/// day, however long the transaction it waits for lasts (a backup's, a slow report's). At
+/// 500 ms, one retention pass in nine on 5 M aged deliveries held ingest's transaction up to
+/// 333 ms, and the 20/s stream's p99 with it.
 pub const LOCK_TIMEOUT: Duration = Duration::from_millis(50);
-/// Tries at [`LOCK_TIMEOUT`]; each later one waits twice as long as the one before, up to
-/// [`LONGEST_LOCK_TIMEOUT`]: a database whose tables are never free for 50 ms (a test writing
-/// without a pause took 18-50 tries to reshape at 50 ms, 1-3 at 500) still gets its turn.
+/// Tries at their first lock timeout; each later one waits twice as long as the one before, up
+/// to [`LONGEST_LOCK_TIMEOUT`], so that a database whose tables are never free for 50 ms still
+/// gets its retention.
 const SHORT_TRIES: usize = 10;
 /// The longest a try waits for a lock: below PostgreSQL's `deadlock_timeout` (1 s), so that
 /// when a service's transaction and this one wait for each other, this one gives up before the
 /// deadlock check could cancel the service's.
 const LONGEST_LOCK_TIMEOUT: Duration = Duration::from_millis(500);
-/// The pause between two tries: the services run freely for it, so a lock that stays held costs
-/// them at most one lock timeout a second.
-const LOCK_PAUSE: Duration = Duration::from_secs(1);
 /// How often a step that waits for a lock is tried before the reshape or expiry gives up: a
-/// busy database may hold it off for a while (about seven minutes at most).
+/// busy database may hold it off for a while (minutes).
 const LOCK_TRIES: usize = 300;
 
-/// How long the `tries`-th try waits for a lock.
-fn lock_timeout(tries: usize) -> Duration {
+/// How a step waits for its locks: the lock timeout of its first tries, and the pause after a
+/// try that timed out, in which the services run freely.
+#[derive(Debug, Clone, Copy)]
+struct LockWait {
+    first: Duration,
+    pause: Duration,
+}
+
+/// Retention and the partitions ahead, every day beside the traffic: a lock that stays held
+/// costs the services at most 50 ms a second.
+const DAILY: LockWait = LockWait {
+    first: LOCK_TIMEOUT,
+    pause: Duration::from_secs(1),
+};
+
+/// The reshape, done once, each of its steps taking a lock: 500 ms from the first try, 200 ms
+/// apart. A test writing without a pause beside it took 18-50 tries at 50 ms, 1-3 at 500; with
+/// 1 s pauses, under the rest of the suite, it outlasted the test's 10 000 writes.
+const RESHAPE: LockWait = LockWait {
+    first: LONGEST_LOCK_TIMEOUT,
+    pause: Duration::from_millis(200),
+};
+
+/// How long the `tries`-th try of a step waits for a lock.
+fn lock_timeout(wait: LockWait, tries: usize) -> Duration {
     let doublings = tries.saturating_sub(SHORT_TRIES).min(4) as u32;
-    (LOCK_TIMEOUT * 2u32.pow(doublings)).min(LONGEST_LOCK_TIMEOUT)
+    (wait.first * 2u32.pow(doublings)).min(LONGEST_LOCK_TIMEOUT)
 }
 
 /// The first UUIDv7 of a day (UTC): its time in milliseconds, then zeros.
@@ -207,7 +227,7 @@ pub async fn create_ahead(conn: &mut AsyncPgConnection, today: Date) -> Result<u
     wanted.sort();
     let mut made = 0;
     for (day, tables) in wanted {
-        with_lock_retries(conn, |conn| {
+        with_lock_retries(conn, DAILY, |conn| {
             let tables = tables.clone();
             Box::pin(async move {
                 conn.transaction::<_, DbError, _>(async |conn| {
@@ -273,7 +293,11 @@ pub async fn make_day(conn: &mut AsyncPgConnection, table: &str, day: Date) -> R
 
 /// Runs `step` until it does not fail for want of a lock, at most [`LOCK_TRIES`] times, each
 /// try with its session's `lock_timeout` set by [`lock_timeout`] (and reset after the last).
-async fn with_lock_retries<T, F>(conn: &mut AsyncPgConnection, mut step: F) -> Result<T, DbError>
+async fn with_lock_retries<T, F>(
+    conn: &mut AsyncPgConnection,
+    wait: LockWait,
+    mut step: F,
+) -> Result<T, DbError>
 where
     F: for<'c> FnMut(
         &'c mut AsyncPgConnection,
@@ -282,13 +306,13 @@ where
     let mut tries = 0;
     loop {
         tries += 1;
-        let timeout = lock_timeout(tries);
+        let timeout = lock_timeout(wait, tries);
         conn.batch_execute(&format!("SET lock_timeout = '{}ms'", timeout.as_millis()))
             .await?;
         match step(conn).await {
             Err(error) if tries < LOCK_TRIES && lock_timed_out(&error) => {
                 tracing::info!(%error, tries, ?timeout, "waiting for a lock on the delivery log; trying again");
-                tokio::time::sleep(LOCK_PAUSE).await;
+                tokio::time::sleep(wait.pause).await;
             }
             Ok(done) => {
                 conn.batch_execute("RESET lock_timeout").await?;
@@ -357,7 +381,7 @@ pub async fn reshape(
         ("deliveries", "deliveries_event_id_fkey"),
         ("attempts", "attempts_delivery_id_fkey"),
     ] {
-        with_lock_retries(conn, |conn| {
+        with_lock_retries(conn, RESHAPE, |conn| {
             Box::pin(async move {
                 // Dropping a foreign key locks both of its tables: take them in the order every
                 // other step does.
@@ -385,7 +409,7 @@ pub async fn reshape(
                 reshaped.rekeyed = rekey(conn, cut).await?;
             }
             let check = format!("{table}_before_reshape");
-            with_lock_retries(conn, |conn| {
+            with_lock_retries(conn, RESHAPE, |conn| {
                 let check = check.clone();
                 Box::pin(async move {
                     conn.batch_execute(&format!(
@@ -401,7 +425,7 @@ pub async fn reshape(
             conn.batch_execute(&format!("ALTER TABLE {table} VALIDATE CONSTRAINT {check}"))
                 .await?;
         }
-        with_lock_retries(conn, |conn| {
+        with_lock_retries(conn, RESHAPE, |conn| {
             Box::pin(async move { swap(conn, table, key, empty, cut_day, today).await })
         })
         .await?;
@@ -644,7 +668,7 @@ async fn expire_day(
     conn: &mut AsyncPgConnection,
     names: Vec<String>,
 ) -> Result<DayExpired, DbError> {
-    with_lock_retries(conn, |conn| {
+    with_lock_retries(conn, DAILY, |conn| {
         let names = names.clone();
         Box::pin(async move {
             let (events, deliveries, attempts) = (&names[0], &names[1], &names[2]);
@@ -730,7 +754,7 @@ async fn drop_remains(conn: &mut AsyncPgConnection, names: &[String]) -> Result<
             .await?;
         }
         let drop = format!("DROP TABLE IF EXISTS {name}");
-        with_lock_retries(conn, |conn| {
+        with_lock_retries(conn, DAILY, |conn| {
             let drop = drop.clone();
             Box::pin(async move {
                 conn.transaction::<_, DbError, _>(async |conn| {
