@@ -73,7 +73,7 @@ const DAILY: LockWait = LockWait {
 };
 
 /// The reshape, done once, each of its steps taking a lock: 500 ms from the first try, 200 ms
-/// apart. A test writing without a pause beside it took 18-50 tries at 50 ms, 1-3 at 500; with
+/// apart. A test writing without a pause beside it took 18-50 tries at 50 ms, 1-6 at 500; with
 /// 1 s pauses, under the rest of the suite, it outlasted the test's 10 000 writes.
 const RESHAPE: LockWait = LockWait {
     first: LONGEST_LOCK_TIMEOUT,
@@ -791,6 +791,24 @@ mod tests {
         assert_eq!(
             day_floor(day).to_string(),
             "01a21a4d-4000-0000-0000-000000000000"
+        );
+    }
+
+    #[test]
+    fn retention_waits_50_ms_for_ten_tries_then_doubles_to_half_a_second_and_the_reshape_500() {
+        let millis = |wait, tries| lock_timeout(wait, tries).as_millis();
+        let daily: Vec<u128> = (1..=16).map(|tries| millis(DAILY, tries)).collect();
+        assert_eq!(
+            daily,
+            [50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 100, 200, 400, 500, 500, 500]
+        );
+        assert_eq!(millis(DAILY, LOCK_TRIES), 500);
+        for tries in [1, 11, 14, LOCK_TRIES] {
+            assert_eq!(millis(RESHAPE, tries), 500);
+        }
+        assert!(
+            LONGEST_LOCK_TIMEOUT < Duration::from_secs(1),
+            "below deadlock_timeout"
         );
     }
 
