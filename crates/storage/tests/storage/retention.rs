@@ -163,48 +163,14 @@ async fn a_day_past_retention_goes_whole_but_for_its_unfinished_deliveries() {
 /// keeps the delivery and removes the rest of the day, in the same pass.
 #[tokio::test]
 async fn a_delivery_made_while_its_day_expires_is_kept() {
-    use tocsin_storage::{partitions, retention};
+    use tocsin_storage::partitions;
 
     let db = TestDb::new().await;
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    let webhook = webhook_for_every_event(&mut conn, "early").await;
-    let id = delivery_to(&mut conn, "raced", webhook.id).await;
-    let late = webhook_for_every_event(&mut conn, "late").await;
-    record_attempt(&mut conn, id, answered(200)).await;
-    execute(
-        &mut conn,
-        format!("UPDATE deliveries SET state = 'succeeded' WHERE id = '{id}'"),
-    )
-    .await;
-    execute(
-        &mut conn,
-        "UPDATE outbox SET published_at = now() - interval '2 days'".to_owned(),
-    )
-    .await;
     // A transaction under way that uses the table: retention waits for it to end.
-    let mut racer = AsyncPgConnection::establish(&db.url).await.unwrap();
-    execute(&mut racer, "BEGIN".to_owned()).await;
-    execute(&mut racer, "SELECT 1 FROM ONLY deliveries".to_owned()).await;
-    let now = OffsetDateTime::now_utc();
-    let today = now.date();
-    let end_of_today = (today + time::Duration::DAY).midnight().assume_utc();
-    let url = db.url.clone();
-    let pruning = tokio::spawn(async move {
-        let mut conn = AsyncPgConnection::establish(&url).await.unwrap();
-        retention::prune(&mut conn, end_of_today, now - time::Duration::DAY)
-            .await
-            .unwrap()
-    });
-    tocsin_testkit::wait_until(
-        "retention waiting for the delivery log's lock",
-        std::time::Duration::from_secs(30),
-        || async {
-            db.count("pg_locks WHERE NOT granted AND relation = 'deliveries'::regclass")
-                .await
-                >= 1
-        },
-    )
-    .await;
+    let (mut racer, pruning, id) = prune_today_beside_a_reader(&db, "raced").await;
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let late = webhook_for_every_event(&mut conn, "late").await;
+    wait_for_retention_to_wait(&db).await;
     execute(
         &mut racer,
         format!(
@@ -278,37 +244,11 @@ async fn what_is_left_of_a_day_dropped_in_part_goes() {
 #[tokio::test]
 async fn retention_waiting_for_a_lock_holds_statements_up_for_at_most_its_lock_timeout() {
     use diesel_async::SimpleAsyncConnection;
-    use tocsin_storage::{partitions, retention};
+    use tocsin_storage::partitions;
 
     let db = TestDb::new().await;
-    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
-    let webhook = webhook_for_every_event(&mut conn, "held").await;
-    let id = delivery_to(&mut conn, "held", webhook.id).await;
-    record_attempt(&mut conn, id, answered(200)).await;
-    execute(
-        &mut conn,
-        format!("UPDATE deliveries SET state = 'succeeded' WHERE id = '{id}'"),
-    )
-    .await;
-    execute(
-        &mut conn,
-        "UPDATE outbox SET published_at = now() - interval '2 days'".to_owned(),
-    )
-    .await;
     // A long transaction that read the delivery log and keeps its lock.
-    let mut holder = AsyncPgConnection::establish(&db.url).await.unwrap();
-    execute(&mut holder, "BEGIN".to_owned()).await;
-    execute(&mut holder, "SELECT 1 FROM ONLY deliveries".to_owned()).await;
-    let now = OffsetDateTime::now_utc();
-    let end_of_today = (now.date() + time::Duration::DAY).midnight().assume_utc();
-    let url = db.url.clone();
-    let pruning = tokio::spawn(async move {
-        let mut conn = AsyncPgConnection::establish(&url).await.unwrap();
-        retention::prune(&mut conn, end_of_today, now - time::Duration::DAY)
-            .await
-            .unwrap()
-    });
-    let mut watcher = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let (mut holder, pruning, _) = prune_today_beside_a_reader(&db, "held").await;
     let mut service = AsyncPgConnection::establish(&db.url).await.unwrap();
     // What a service's statement may be held up by retention: 250 ms, five lock timeouts.
     let allowed = std::time::Duration::from_millis(250);
@@ -317,23 +257,13 @@ async fn retention_waiting_for_a_lock_holds_statements_up_for_at_most_its_lock_t
         .batch_execute(&format!("SET lock_timeout = '{}ms'", allowed.as_millis()))
         .await
         .unwrap();
-    // Three of retention's tries, each met by a statement on a table it has locked (the probe
-    // returns once that try has given up).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let mut met = 0;
-    while met < 3 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "retention tried {met} times in 60 s"
-        );
-        if !retention_waits(&mut watcher).await {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            continue;
-        }
+    // Three of retention's tries, each met by a statement on a table it has locked (the
+    // statement returns once that try has given up).
+    for _ in 0..3 {
+        wait_for_retention_to_wait(&db).await;
         if let Err(error) = service.batch_execute("SELECT 1 FROM events").await {
             panic!("a statement waited behind retention beyond {allowed:?}: {error}");
         }
-        met += 1;
     }
     execute(&mut holder, "COMMIT".to_owned()).await;
     let pruned = pruning.await.unwrap();
@@ -348,20 +278,56 @@ async fn retention_waiting_for_a_lock_holds_statements_up_for_at_most_its_lock_t
     assert_eq!(db.count("deliveries").await, 0);
 }
 
-/// Whether a lock on the delivery log is waited for (retention's, in the test above).
-async fn retention_waits(conn: &mut AsyncPgConnection) -> bool {
-    use diesel_async::RunQueryDsl;
-    #[derive(diesel::QueryableByName)]
-    struct Flag {
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        flag: bool,
-    }
-    let rows: Vec<Flag> = diesel::sql_query(
-        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted \
-         AND relation = 'deliveries'::regclass) AS flag",
+/// Makes one delivery of today, succeeded and its event published, opens a transaction that
+/// reads the delivery log and keeps it open, and starts retention of today beside it: returns
+/// that transaction's connection, the retention pass and the delivery.
+async fn prune_today_beside_a_reader(
+    db: &TestDb,
+    name: &str,
+) -> (
+    AsyncPgConnection,
+    tokio::task::JoinHandle<tocsin_storage::retention::Pruned>,
+    uuid::Uuid,
+) {
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let webhook = webhook_for_every_event(&mut conn, name).await;
+    let id = delivery_to(&mut conn, name, webhook.id).await;
+    record_attempt(&mut conn, id, answered(200)).await;
+    execute(
+        &mut conn,
+        format!("UPDATE deliveries SET state = 'succeeded' WHERE id = '{id}'"),
     )
-    .load(conn)
-    .await
-    .unwrap();
-    rows[0].flag
+    .await;
+    execute(
+        &mut conn,
+        "UPDATE outbox SET published_at = now() - interval '2 days'".to_owned(),
+    )
+    .await;
+    let mut reader = AsyncPgConnection::establish(&db.url).await.unwrap();
+    execute(&mut reader, "BEGIN".to_owned()).await;
+    execute(&mut reader, "SELECT 1 FROM ONLY deliveries".to_owned()).await;
+    let now = OffsetDateTime::now_utc();
+    let end_of_today = (now.date() + time::Duration::DAY).midnight().assume_utc();
+    let url = db.url.clone();
+    let pruning = tokio::spawn(async move {
+        let mut conn = AsyncPgConnection::establish(&url).await.unwrap();
+        tocsin_storage::retention::prune(&mut conn, end_of_today, now - time::Duration::DAY)
+            .await
+            .unwrap()
+    });
+    (reader, pruning, id)
+}
+
+/// Waits until retention waits for the delivery log's lock.
+async fn wait_for_retention_to_wait(db: &TestDb) {
+    tocsin_testkit::wait_until(
+        "retention waiting for the delivery log's lock",
+        std::time::Duration::from_secs(30),
+        || async {
+            db.count("pg_locks WHERE NOT granted AND relation = 'deliveries'::regclass")
+                .await
+                >= 1
+        },
+    )
+    .await;
 }
