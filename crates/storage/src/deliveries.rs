@@ -99,13 +99,6 @@ impl TryFrom<DeliveryRow> for Delivery {
     }
 }
 
-/// The states a delivery is unfinished in, as stored.
-const UNFINISHED: [&str; 3] = [
-    DeliveryState::Pending.as_str(),
-    DeliveryState::Waiting.as_str(),
-    DeliveryState::Retrying.as_str(),
-];
-
 /// A delivery whose next automatic attempt the caller is to make (or to find no room for).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, QueryableByName)]
 pub struct Due {
@@ -275,49 +268,56 @@ pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// How many deliveries are in each unfinished state.
+/// A count of the deliveries holding one value of a column.
+#[derive(QueryableByName)]
+struct Counted {
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    value: Option<String>,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// How many deliveries are in each unfinished state. Each condition is the predicate of a
+/// partial index (`deliveries_due`, `deliveries_waiting`) written as a literal, so that the
+/// count reads those small indexes at any size of the log: a generic plan of `state = ANY($1)`
+/// could not tell how few rows the states hold, and read every partition whole.
 pub async fn count_unfinished(
     conn: &mut AsyncPgConnection,
 ) -> Result<Vec<(DeliveryState, i64)>, DbError> {
-    let rows: Vec<(String, i64)> = deliveries::table
-        .filter(deliveries::state.eq_any(UNFINISHED))
-        .group_by(deliveries::state)
-        .select((deliveries::state, diesel::dsl::count_star()))
-        .load(conn)
-        .await?;
-    let mut counts: Vec<(DeliveryState, i64)> = DeliveryState::UNFINISHED
+    let rows: Vec<Counted> = Statement::new(
+        "SELECT state AS value, count(*) AS n FROM deliveries \
+         WHERE state IN ('pending', 'retrying') GROUP BY state \
+         UNION ALL SELECT 'waiting', count(*) FROM deliveries WHERE state = 'waiting'",
+    )
+    .load(conn)
+    .await?;
+    Ok(DeliveryState::UNFINISHED
         .into_iter()
-        .map(|state| (state, 0))
-        .collect();
-    for (state, n) in rows {
-        if let Some(slot) = counts.iter_mut().find(|(s, _)| s.as_str() == state) {
-            slot.1 = n;
-        }
-    }
-    Ok(counts)
+        .map(|state| (state, counted(&rows, state.as_str())))
+        .collect())
 }
 
-/// How many deliveries are `waiting`, for each reason.
+/// How many deliveries are `waiting`, for each reason (the state a literal, as above).
 pub async fn count_waiting(
     conn: &mut AsyncPgConnection,
 ) -> Result<Vec<(WaitReason, i64)>, DbError> {
-    let rows: Vec<(Option<String>, i64)> = deliveries::table
-        .filter(deliveries::state.eq(DeliveryState::Waiting.as_str()))
-        .group_by(deliveries::wait_reason)
-        .select((deliveries::wait_reason, diesel::dsl::count_star()))
-        .load(conn)
-        .await?;
+    let rows: Vec<Counted> = Statement::new(
+        "SELECT wait_reason AS value, count(*) AS n FROM deliveries \
+         WHERE state = 'waiting' GROUP BY wait_reason",
+    )
+    .load(conn)
+    .await?;
     Ok(WaitReason::ALL
         .into_iter()
-        .map(|reason| {
-            let n = rows
-                .iter()
-                .filter(|(r, _)| r.as_deref() == Some(reason.as_str()))
-                .map(|(_, n)| n)
-                .sum();
-            (reason, n)
-        })
+        .map(|reason| (reason, counted(&rows, reason.as_str())))
         .collect())
+}
+
+fn counted(rows: &[Counted], value: &str) -> i64 {
+    rows.iter()
+        .filter(|row| row.value.as_deref() == Some(value))
+        .map(|row| row.n)
+        .sum()
 }
 
 /// One delivery.
@@ -510,17 +510,19 @@ pub async fn recover_disabled(
         .await?)
 }
 
-/// The newest delivery of each given webhook (for the webhook list).
+/// The newest delivery of each given webhook (for the webhook list): for each, the first entry
+/// of `deliveries_by_webhook`, whatever the size of the log.
 pub async fn latest_for_webhooks(
     conn: &mut AsyncPgConnection,
     webhook_ids: &[Uuid],
 ) -> Result<Vec<Delivery>, DbError> {
-    let rows: Vec<DeliveryRow> = deliveries::table
-        .filter(deliveries::webhook_id.eq_any(webhook_ids))
-        .distinct_on(deliveries::webhook_id)
-        .order((deliveries::webhook_id, deliveries::created_at.desc()))
-        .select(DeliveryRow::as_select())
-        .load(conn)
-        .await?;
+    let rows: Vec<DeliveryRow> = Statement::new(
+        "SELECT d.* FROM unnest($1::uuid[]) AS w(id) CROSS JOIN LATERAL (\
+             SELECT * FROM deliveries d WHERE d.webhook_id = w.id \
+             ORDER BY d.created_at DESC, d.id DESC LIMIT 1) d",
+    )
+    .bind::<Array<SqlUuid>, _>(webhook_ids)
+    .load(conn)
+    .await?;
     rows.into_iter().map(Delivery::try_from).collect()
 }

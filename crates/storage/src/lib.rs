@@ -448,18 +448,16 @@ where
 /// - `plan_cache_mode = force_generic_plan`: a prepared statement is planned once per
 ///   connection. The hot paths' statements take arrays, whose length made PostgreSQL's default
 ///   mode plan them again on every call: a third of its time under load.
-/// - `enable_seqscan = off`: every query of the services is meant to be an index lookup, and a
-///   plan made once must stay one. PostgreSQL makes a plan again only when statistics change,
-///   which without autovacuum (this project's CI) never happens. Without the setting, of the 52
-///   statements `plans::every_statement_reads_growing_tables_by_index_empty_or_large` plans, 7
-///   read a table whole in a new database; in one of tens of thousands of rows, 8 still read
-///   those tables whole (prunes, health, the metrics' counts) and 10 the vacuumed, empty
-///   partitions ahead, a plan kept into their day. A table that no index serves is still
-///   scanned (the setting only makes scans look expensive).
+/// - Sequential scans are left to the planner. Each statement reads the growing tables through
+///   an index whether it is planned on an empty log or a large one
+///   (`plans::every_statement_reads_growing_tables_by_index_empty_or_large`): batches taken in
+///   index order, keys looked up through `LATERAL ... LIMIT`, states written as literals. A plan
+///   is made again when autovacuum analyzes a table it reads, and on a new connection (each is
+///   replaced after [`CONNECTION_MAX_AGE`]).
 ///
 /// - `jit = off`: every query here reads or writes a few rows. Costed above `jit_above_cost`
-///   (which a seq scan of a small table under `enable_seqscan = off` always is), PostgreSQL
-///   compiled the query with LLVM on every call: a statement run every second took 0.4-2.2 s
+///   (as every query was while `enable_seqscan = off` made any scan of a table look costly),
+///   PostgreSQL compiled the query with LLVM on every call: a statement run every second took 0.4-2.2 s
 ///   each time under load instead of 0.3 ms.
 ///
 /// Queries that depend on a literal to pick a partial index carry that literal in their text.
@@ -471,8 +469,7 @@ where
 /// due), but a scan of it visits every entry left since its last vacuum. Under load the outcome
 /// statement (`sql/complete.sql`) visited a median of 2 500 entries of `attempts_under_way` a
 /// call that way.
-pub const SESSION_SETTINGS: &str =
-    "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET jit = off";
+pub const SESSION_SETTINGS: &str = "SET plan_cache_mode = force_generic_plan; SET jit = off";
 
 async fn connect_for_pool(url: String) -> diesel::ConnectionResult<AsyncPgConnection> {
     let mut conn = AsyncPgConnection::establish(&url).await?;

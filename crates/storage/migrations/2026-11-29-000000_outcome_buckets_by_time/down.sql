@@ -1,0 +1,1 @@
+DROP INDEX webhook_outcomes_by_bucket;
