@@ -232,6 +232,10 @@ enum Scenario {
         /// Times each read is made.
         #[arg(long, default_value_t = 200)]
         reads: usize,
+        /// Retention passes, each removing the next oldest day under its own 20/s stream; the
+        /// streams' latencies before and during are also pooled over all passes.
+        #[arg(long, default_value_t = 1)]
+        retention_passes: i64,
     },
     /// A steady open loop to one webhook for a long time, with the retention the dispatcher
     /// runs: window by window, deliveries/s, latency p50 and p99, the dispatcher's RSS and the
@@ -375,6 +379,7 @@ async fn run(cli: &Cli, scenario: &Scenario) -> anyhow::Result<tocsin_bench::Rep
             webhooks,
             failed_share,
             reads,
+            retention_passes,
         } => {
             tocsin_bench::aged::aged(
                 &bench,
@@ -386,6 +391,7 @@ async fn run(cli: &Cli, scenario: &Scenario) -> anyhow::Result<tocsin_bench::Rep
                     failed_share,
                     load: load.config(),
                     reads,
+                    retention_passes,
                 },
             )
             .await?
