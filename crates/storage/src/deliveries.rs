@@ -277,10 +277,11 @@ struct Counted {
     n: i64,
 }
 
-/// How many deliveries are in each unfinished state. Each condition is the predicate of a
-/// partial index (`deliveries_due`, `deliveries_waiting`) written as a literal, so that the
-/// count reads those small indexes at any size of the log: a generic plan of `state = ANY($1)`
-/// could not tell how few rows the states hold, and read every partition whole.
+/// How many deliveries are in each unfinished state. The states are literals of the text (the
+/// predicates of the partial indexes `deliveries_due` and `deliveries_waiting`), so that
+/// PostgreSQL reads them by index on an empty log or a large one (`plans.rs`): a generic plan
+/// of `state = ANY($1)` could not tell how few rows the states hold, and read every partition
+/// whole.
 pub async fn count_unfinished(
     conn: &mut AsyncPgConnection,
 ) -> Result<Vec<(DeliveryState, i64)>, DbError> {
