@@ -2,7 +2,7 @@
 //! deliveries spread over past days ([`fill`]), then measures on it what `e2e` measures, the
 //! delivery log's reads through the admin API (of the webhook holding the most deliveries, and
 //! its oldest ones), and a retention pass that removes the oldest day, with a 20 alerts/s
-//! stream's latency before and during that pass.
+//! stream's latency before that pass, again before it (the control), and during it.
 //!
 //! The fill writes what the services would have written, through the same tables and
 //! partitions (`tocsin_storage::partitions::make_day` makes the past days' partitions): for
@@ -284,7 +284,8 @@ fn insert_percentiles(report: &mut Report, name: &str, took: Vec<f64>) {
     }
 }
 
-/// For each pass, a 20 alerts/s stream before, then during a retention pass that removes the
+/// For each pass, a 20 alerts/s stream before, one again with no pass (the control: how far
+/// two streams' p99 differ by chance), then one during a retention pass that removes the
 /// oldest day left. With several passes the streams' latencies are also pooled (the p99 of 200
 /// requests is their second worst).
 async fn retention(
@@ -301,7 +302,7 @@ async fn retention(
         bench.phase(&name, load, Some(Measure::new("ok", 1))).await
     };
     bench.create_webhook("/ok/aged", 5, 10_000).await?;
-    let mut pooled: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut pooled: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     for pass in 0..config.retention_passes {
         let label = if config.retention_passes > 1 {
             format!(" (pass {})", pass + 1)
@@ -309,6 +310,7 @@ async fn retention(
             String::new()
         };
         let before = stream("before", label.clone()).await;
+        let again = stream("again before", label.clone()).await;
         // The deliveries of the day the pass removes, counted outside the stream's phases: a
         // count of the whole log beside the stream (seconds of a parallel scan at 5 M
         // deliveries) was what its p99 measured.
@@ -340,29 +342,49 @@ async fn retention(
             format!("retention days dropped{label}"),
             expired.dropped as f64,
         );
-        for (samples, phase) in pooled.iter_mut().zip([&before, &during]) {
+        let streams = [&before, &again, &during];
+        for (samples, phase) in pooled.iter_mut().zip(streams) {
             samples.extend(phase.series.iter().map(|(_, latency)| latency));
         }
-        report.phases.push(before);
-        report.phases.push(during);
+        let [b, a, d] = streams.map(|phase| phase.latency_ms.clone());
+        insert_ratios(report, &label, b, a, d);
+        report.phases.extend([before, again, during]);
     }
     if config.retention_passes > 1 {
-        let [before, during] = pooled.map(Percentiles::of);
-        if let (Some(before), Some(during)) = (before, during) {
-            report
-                .figures
-                .insert("20/s p99 before, all passes ms".into(), before.p99);
-            report
-                .figures
-                .insert("20/s p99 during, all passes ms".into(), during.p99);
-            report.figures.insert(
-                "20/s p99 during over before, all passes".into(),
-                during.p99 / before.p99,
-            );
-        }
+        let [b, a, d] = pooled.map(Percentiles::of);
+        insert_ratios(report, ", all passes", b, a, d);
     }
     bench.cleanup().await?;
     Ok(())
+}
+
+/// The p99 of the streams before, again before and during retention (pooled or one pass's,
+/// by `label`), and the control's and the pass's over the first.
+fn insert_ratios(
+    report: &mut Report,
+    label: &str,
+    before: Option<Percentiles>,
+    again: Option<Percentiles>,
+    during: Option<Percentiles>,
+) {
+    let (Some(before), Some(again), Some(during)) = (before, again, during) else {
+        return;
+    };
+    for (when, p) in [
+        ("before", &before),
+        ("again before", &again),
+        ("during", &during),
+    ] {
+        report
+            .figures
+            .insert(format!("20/s p99 {when}{label} ms"), p.p99);
+    }
+    for (when, p) in [("again before", &again), ("during", &during)] {
+        report.figures.insert(
+            format!("20/s p99 {when} over before{label}"),
+            p.p99 / before.p99,
+        );
+    }
 }
 
 impl Bench {

@@ -210,8 +210,9 @@ enum Scenario {
     /// deliveries, attempts; `--failed-share` of deliveries failed after five attempts), then
     /// measures e2e, the delivery log's reads through the admin API (first page; by webhook,
     /// incident and state; the 20th page by cursor; one old delivery with its attempts) and a
-    /// retention pass removing the oldest day, with a 20/s stream before and during it. A
-    /// database holding the deliveries already is not filled again.
+    /// retention pass removing the oldest day, with a 20/s stream before it, again before it
+    /// (the control) and during it. A database holding the deliveries already is not filled
+    /// again.
     Aged {
         #[command(flatten)]
         load: LoadArgs,
@@ -232,8 +233,9 @@ enum Scenario {
         /// Times each read is made.
         #[arg(long, default_value_t = 200)]
         reads: usize,
-        /// Retention passes, each removing the next oldest day under its own 20/s stream; the
-        /// streams' latencies before and during are also pooled over all passes.
+        /// Retention passes, each removing the next oldest day under its own 20/s stream, after
+        /// two with no pass (before, and again: the control); the streams' latencies are also
+        /// pooled over all passes.
         #[arg(long, default_value_t = 1)]
         retention_passes: i64,
     },
