@@ -25,9 +25,13 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let common = &config.common;
     let foundation = common.foundation("ingest").await?;
     let relay = common.outbox_relay(&foundation, config.outbox_poll)?;
-    // Connections open and the statement that opens incidents planned before the first alert.
+    // Connections open, and the statements that look a token up and open incidents planned,
+    // before the first alert.
     tocsin_storage::warm(&foundation.pool, |conn| {
-        Box::pin(tocsin_storage::incidents::prepare(conn))
+        Box::pin(async move {
+            tocsin_storage::tokens::authenticate_all(conn, &[]).await?;
+            tocsin_storage::incidents::prepare(conn).await
+        })
     })
     .await;
     let state = web::Data::new(IngestState {

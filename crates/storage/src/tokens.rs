@@ -174,20 +174,23 @@ pub async fn issue(
 }
 
 /// The id of the live token matching `presented`, compared in constant time; `None` for an
-/// unknown or revoked token.
+/// unknown or revoked token. Notes the use ([`note_use`]).
 pub async fn authenticate(
     conn: &mut AsyncPgConnection,
     presented: &AccessToken,
 ) -> Result<Option<Uuid>, DbError> {
-    Ok(authenticate_all(conn, std::slice::from_ref(presented))
+    let live = authenticate_all(conn, std::slice::from_ref(presented))
         .await?
         .pop()
         .flatten()
-        .map(|live| live.id))
+        .map(|live| live.id);
+    note_use(conn, live.as_slice()).await?;
+    Ok(live)
 }
 
 /// [`authenticate`] for several presented tokens, in one query (ingest gathers the requests
-/// it receives concurrently), answering per token with what the live token allows.
+/// it receives concurrently), answering per token with what the live token allows. It only
+/// reads: the caller notes the use ([`note_use`]), off the request's way.
 pub async fn authenticate_all(
     conn: &mut AsyncPgConnection,
     presented: &[AccessToken],
@@ -199,37 +202,35 @@ pub async fn authenticate_all(
         .select(InboundToken::as_select())
         .load(conn)
         .await?;
-    let matched: Vec<Option<&InboundToken>> = presented
+    presented
         .iter()
         .map(|token| {
             records
                 .iter()
                 .find(|r| r.lookup == token.lookup() && token.matches(&r.token_hash))
+                .map(LiveToken::try_from)
+                .transpose()
         })
-        .collect();
-    let now = OffsetDateTime::now_utc();
-    // Written at most once a minute per token, to keep the hot path free of writes.
-    let mut stale: Vec<Uuid> = matched
-        .iter()
-        .flatten()
-        .filter(|r| {
-            r.last_used_at
-                .is_none_or(|used| now - used > time::Duration::MINUTE)
-        })
-        .map(|r| r.id)
-        .collect();
-    stale.sort_unstable();
-    stale.dedup();
-    if !stale.is_empty() {
-        diesel::update(inbound_tokens::table.filter(inbound_tokens::id.eq_any(&stale)))
-            .set(inbound_tokens::last_used_at.eq(now))
-            .execute(conn)
-            .await?;
-    }
-    matched
-        .iter()
-        .map(|r| r.map(LiveToken::try_from).transpose())
         .collect()
+}
+
+/// Writes `last_used_at` of the tokens `ids`, where it is more than a minute old: a token used
+/// all day is written once a minute at most.
+pub async fn note_use(conn: &mut AsyncPgConnection, ids: &[Uuid]) -> Result<(), DbError> {
+    let now = OffsetDateTime::now_utc();
+    diesel::update(
+        inbound_tokens::table
+            .filter(inbound_tokens::id.eq_any(ids))
+            .filter(
+                inbound_tokens::last_used_at
+                    .is_null()
+                    .or(inbound_tokens::last_used_at.lt(now - time::Duration::MINUTE)),
+            ),
+    )
+    .set(inbound_tokens::last_used_at.eq(now))
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// Tokens, newest first, revoked ones included.

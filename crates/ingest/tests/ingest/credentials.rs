@@ -5,12 +5,16 @@
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
+use diesel::prelude::*;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use reqwest::StatusCode;
 use serde_json::Value;
+use time::OffsetDateTime;
 use tocsin_domain::alerts::AlertFormat;
 use tocsin_domain::SigningSecret;
+use tocsin_storage::schema::inbound_tokens;
 use tocsin_storage::tokens::{self, NewToken};
-use tocsin_testkit::{RawBehavior, RawReceiver, Receiver};
+use tocsin_testkit::{wait_for, RawBehavior, RawReceiver, Receiver};
 
 use crate::common::{fixture, Options, TestIngest, DEADLINE};
 
@@ -101,6 +105,40 @@ async fn basic_authentication_is_an_opt_in_of_the_token() {
     let challenge = response.headers()["www-authenticate"].to_str().unwrap();
     assert!(challenge.contains(r#"Basic realm="tocsin""#), "{challenge}");
     assert_eq!(ingest.count("incidents").await, 1);
+    ingest.stop().await;
+}
+
+#[tokio::test]
+async fn a_tokens_use_is_noted_after_its_request_once_a_minute_at_most() {
+    let ingest = TestIngest::start().await;
+    let mut conn = ingest.conn().await;
+    let (record, token) = tokens::issue(&mut conn, &NewToken::named("noted"))
+        .await
+        .unwrap();
+    let used = async |conn: &mut AsyncPgConnection| -> Option<OffsetDateTime> {
+        inbound_tokens::table
+            .find(record.id)
+            .select(inbound_tokens::last_used_at)
+            .first(conn)
+            .await
+            .unwrap()
+    };
+    assert_eq!(used(&mut conn).await, None, "not used yet");
+    let (status, answer) = ingest
+        .post_with(GENERIC, Some(token.expose()), JSON, "")
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    // Written after the answer, in a task of its own.
+    let noted = wait_for("the token's use noted", DEADLINE, || async {
+        used(&mut ingest.conn().await).await
+    })
+    .await;
+    tokens::note_use(&mut conn, &[record.id]).await.unwrap();
+    assert_eq!(
+        used(&mut conn).await,
+        Some(noted),
+        "a use noted less than a minute ago is not written again"
+    );
     ingest.stop().await;
 }
 
